@@ -1,0 +1,343 @@
+"""Typed configuration for the HACPO math: capability tracking, advantages and the policy loss.
+
+Defaults follow the official HACPO code (spec §3.f), not the paper text, wherever the two differ; every
+paper variant is reachable through a field (see ``docs/algorithm.md`` for the list). Each dataclass validates
+itself in ``__post_init__`` and raises ``ValueError`` naming the offending field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+ALGORITHMS = ("hacpo", "gspo", "grpo", "naive")
+"""Policy-loss families; each is also the name of a registered policy loss."""
+
+PRESETS = (
+    "hacpo",
+    "gspo",
+    "grpo",
+    "naive",
+    "hacpo-no-adv",
+    "hacpo-no-omega",
+    "hacpo-no-clip",
+    "hacpo-no-stepwise",
+)
+"""Named configurations: the four algorithms and the paper's ablations (Table 2, Table 3, Figure 4)."""
+
+CAPABILITY_METRICS = ("positive_rate", "mean_reward")
+ADVANTAGE_SCOPES = ("joint", "own")
+LOG_RATIO_CLIP_MODES = ("symmetric", "upper")
+RATIO_LEVELS = ("sequence", "token")
+GSPO_FORMS = ("sequence", "token")
+LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
+
+
+def _fail(owner: str, name: str, rule: str, value: Any) -> None:
+    raise ValueError(f"{owner}.{name} must be {rule}, got {value!r}")
+
+
+def _check_choice(owner: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(owner, name, f"one of {list(choices)}", value)
+
+
+def _check_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        _fail(owner, name, "a bool", value)
+
+
+def _check_real(owner: str, name: str, value: Any, *, allow_inf: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(owner, name, "a number", value)
+    if math.isnan(value) or (math.isinf(value) and not allow_inf):
+        _fail(owner, name, "finite", value)
+
+
+def _check_int(owner: str, name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(owner, name, "an int", value)
+    if value < minimum:
+        _fail(owner, name, f">= {minimum}", value)
+
+
+def _check_known_fields(cls, data: Mapping[str, Any]) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field(s) {unknown}; known fields: {sorted(known)}")
+
+
+def _from_dict(cls, data: Mapping[str, Any]):
+    _check_known_fields(cls, data)
+    return cls(**dict(data))
+
+
+@dataclass
+class CapabilityConfig:
+    """Capability estimate P̂ (eq. 9) and the capability ratios ω built from it (eqs. 8, 10).
+
+    * ``metric``: per-step capability P_τ of an agent. ``"positive_rate"`` (code default) is the fraction of its
+      rewards > 0; ``"mean_reward"`` (paper, eq. 9) is the mean reward. They agree for {0, 1} rewards.
+    * ``window``: K, the number of most recent steps averaged, the current step included.
+    * ``floor``: P̂ is floored at this value so ratios stay finite.
+    * ``ratio_min`` / ``ratio_max``: every ratio P̂_a / P̂_b is clipped to this range (code; the paper has no
+      clip: use ``0`` and ``math.inf``).
+    * ``warmup_steps``: for the first ``warmup_steps`` updates every ratio is 1.
+    """
+
+    metric: str = "positive_rate"
+    window: int = 5
+    floor: float = 1e-8
+    ratio_min: float = 0.1
+    ratio_max: float = 10.0
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        owner = type(self).__name__
+        _check_choice(owner, "metric", self.metric, CAPABILITY_METRICS)
+        _check_int(owner, "window", self.window, 1)
+        _check_real(owner, "floor", self.floor)
+        if self.floor <= 0:
+            _fail(owner, "floor", "> 0", self.floor)
+        _check_real(owner, "ratio_min", self.ratio_min)
+        if self.ratio_min < 0:
+            _fail(owner, "ratio_min", ">= 0", self.ratio_min)
+        _check_real(owner, "ratio_max", self.ratio_max, allow_inf=True)
+        if self.ratio_max < self.ratio_min or self.ratio_max <= 0:
+            _fail(owner, "ratio_max", f"> 0 and >= ratio_min ({self.ratio_min})", self.ratio_max)
+        _check_int(owner, "warmup_steps", self.warmup_steps, 0)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "CapabilityConfig":
+        return _from_dict(cls, data)
+
+
+@dataclass
+class AdvantageConfig:
+    """Capability-aware group advantage (eqs. 6–8).
+
+    * ``capability_weighting``: weight rewards by ω^(k,j) in the baseline (eq. 7). ``False`` gives the plain
+      group mean: the "HACPO − Adv" ablation and the Naive baseline.
+    * ``scope``: ``"joint"`` groups all n·G responses to a prompt (HACPO); ``"own"`` groups only the learner's
+      own G responses (single-agent GSPO / GRPO, eq. 5).
+    * ``std_normalize``: divide by σ + ``eps`` (eq. 6); ``False`` gives A = R − μ̂ (eq. 15).
+    * ``eps``: added to σ.
+    * ``uniform_reward_guard``: a group whose rewards are all equal gets A = 0 and the plain mean as baseline
+      (code; not in the paper).
+    * ``baseline_guard``: a capability-weighted baseline above ``baseline_guard_threshold`` is replaced by the
+      mean of the learner's own rewards in the group (code; not in the paper; meant for rewards in [0, 1]).
+    * ``require_equal_group_sizes``: reject batches where some (prompt, source) pair has a different number of
+      responses than the others.
+    """
+
+    capability_weighting: bool = True
+    scope: str = "joint"
+    std_normalize: bool = True
+    eps: float = 1e-6
+    uniform_reward_guard: bool = True
+    baseline_guard: bool = True
+    baseline_guard_threshold: float = 1.0
+    require_equal_group_sizes: bool = False
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        owner = type(self).__name__
+        for name in ("capability_weighting", "std_normalize", "uniform_reward_guard", "baseline_guard",
+                     "require_equal_group_sizes"):
+            _check_bool(owner, name, getattr(self, name))
+        _check_choice(owner, "scope", self.scope, ADVANTAGE_SCOPES)
+        _check_real(owner, "eps", self.eps)
+        if self.eps < 0:
+            _fail(owner, "eps", ">= 0", self.eps)
+        _check_real(owner, "baseline_guard_threshold", self.baseline_guard_threshold)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "AdvantageConfig":
+        return _from_dict(cls, data)
+
+
+@dataclass
+class PolicyLossConfig:
+    """Clip ranges and switches of the registered policy losses (eqs. 11–14, 47–53).
+
+    * ``eps_low`` / ``eps_high``: self-rollout clip [1 − eps_low, 1 + eps_high] (GSPO 3e-4 / 4e-4; the GRPO
+      preset uses 0.2 / 0.28).
+    * ``delta``: foreign lower bound at update 0 is 1 − delta (eq. 13; the main-branch code stores the bound
+      itself, 0.8).
+    * ``delta_step``: the bound rises by ``delta_step`` per optimizer update m in the step, capped at 1 (eq. 14).
+    * ``stepwise``: ``False`` keeps the bound fixed at 1 − delta (the "no Stepwise" ablation).
+    * ``cross_clip``: ``False`` drops the foreign clamp entirely, c = s (the "no Clip" ablation).
+    * ``alpha``: exponent of the detached weight sg(c)^alpha (eq. 12); 0 disables exponential IS.
+    * ``capability_coef``: multiply foreign objectives by ω^(j,k) (eq. 10); ``False`` is the "HACPO − ω" ablation.
+    * ``log_ratio_clip``: clamp of the log importance ratio (``None``: no clamp); ``log_ratio_clip_mode``
+      ``"symmetric"`` clamps to [−c, c] (verl-v1 code), ``"upper"`` to (−∞, c] (main-branch code).
+    * ``kl_coef``: weight of the low-variance (k3) KL to the reference policy on own rows (code default 0.001,
+      with use_kl_loss; the paper has no KL: set 0).
+    * ``ratio_level``: ``"sequence"`` (GSPO, eq. 25) or ``"token"`` (per-token ratios with the same clip rules;
+      needs per-token old log-probs aligned with the learner's tokens). The ``grpo`` loss is always token-level.
+    * ``gspo_form``: ``"sequence"`` computes s directly; ``"token"`` uses GSPO-token,
+      log s_t = sg[log s] + log π_t − sg[log π_t], which has the same value and gradient.
+    * ``loss_agg``: ``"seq-mean-token-mean"`` (code default: mean over sequences of per-sequence objectives) or
+      ``"token-mean"`` (every token weighted equally).
+    """
+
+    eps_low: float = 3e-4
+    eps_high: float = 4e-4
+    delta: float = 0.2
+    delta_step: float = 0.025
+    stepwise: bool = True
+    cross_clip: bool = True
+    alpha: float = 1.0
+    capability_coef: bool = True
+    log_ratio_clip: float | None = 10.0
+    log_ratio_clip_mode: str = "symmetric"
+    kl_coef: float = 0.001
+    ratio_level: str = "sequence"
+    gspo_form: str = "sequence"
+    loss_agg: str = "seq-mean-token-mean"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        owner = type(self).__name__
+        for name in ("eps_low", "eps_high", "delta", "delta_step", "alpha", "kl_coef"):
+            value = getattr(self, name)
+            _check_real(owner, name, value)
+            if value < 0:
+                _fail(owner, name, ">= 0", value)
+        if self.eps_low >= 1:
+            _fail(owner, "eps_low", "< 1", self.eps_low)
+        if self.delta > 1:
+            _fail(owner, "delta", "<= 1", self.delta)
+        for name in ("stepwise", "cross_clip", "capability_coef"):
+            _check_bool(owner, name, getattr(self, name))
+        if self.log_ratio_clip is not None:
+            _check_real(owner, "log_ratio_clip", self.log_ratio_clip)
+            if self.log_ratio_clip <= 0:
+                _fail(owner, "log_ratio_clip", "> 0 or None", self.log_ratio_clip)
+        _check_choice(owner, "log_ratio_clip_mode", self.log_ratio_clip_mode, LOG_RATIO_CLIP_MODES)
+        _check_choice(owner, "ratio_level", self.ratio_level, RATIO_LEVELS)
+        _check_choice(owner, "gspo_form", self.gspo_form, GSPO_FORMS)
+        _check_choice(owner, "loss_agg", self.loss_agg, LOSS_AGGREGATIONS)
+
+    def cross_lower_bound(self, update_index: int) -> float:
+        """Lower clip bound for foreign rows at optimizer update m (eq. 14): min(1, 1 − δ + m·δ_step).
+
+        With ``stepwise=False`` the bound is the fixed 1 − δ of eq. 13.
+        """
+        if isinstance(update_index, bool) or not isinstance(update_index, int) or update_index < 0:
+            raise ValueError(f"update_index must be an int >= 0, got {update_index!r}")
+        if not self.stepwise:
+            return 1.0 - self.delta
+        return min(1.0, 1.0 - self.delta + update_index * self.delta_step)
+
+    @classmethod
+    def for_algorithm(cls, name: str, **overrides: Any) -> "PolicyLossConfig":
+        """Defaults of one algorithm: GRPO gets the DAPO clip-higher range 0.2 / 0.28 and token ratios."""
+        _check_choice("PolicyLossConfig.for_algorithm", "name", name, ALGORITHMS)
+        values: dict[str, Any] = {}
+        if name == "grpo":
+            values.update(eps_low=0.2, eps_high=0.28, ratio_level="token")
+        values.update(overrides)
+        return cls(**values)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "PolicyLossConfig":
+        return _from_dict(cls, data)
+
+
+@dataclass
+class HACPOConfig:
+    """One algorithm: the policy-loss family plus the capability, advantage and loss settings.
+
+    ``algorithm`` names the registered policy loss (``hacpo``, ``gspo``, ``grpo``, ``naive``). ``gspo`` and
+    ``grpo`` train each agent on its own rollouts only (``trains_on_foreign`` is False); ``hacpo`` and ``naive``
+    train on every agent's rollouts. Use :meth:`preset` for the named algorithms and ablations.
+    """
+
+    algorithm: str = "hacpo"
+    capability: CapabilityConfig = field(default_factory=CapabilityConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        owner = type(self).__name__
+        _check_choice(owner, "algorithm", self.algorithm, ALGORITHMS)
+        for name, cls in (("capability", CapabilityConfig), ("advantage", AdvantageConfig),
+                          ("loss", PolicyLossConfig)):
+            value = getattr(self, name)
+            if not isinstance(value, cls):
+                _fail(owner, name, f"a {cls.__name__}", value)
+            value.validate()
+
+    @property
+    def loss_name(self) -> str:
+        """Name of the registered policy loss for this algorithm."""
+        return self.algorithm
+
+    @property
+    def trains_on_foreign(self) -> bool:
+        """Whether a learner's batch contains the other agents' rollouts."""
+        return self.algorithm in ("hacpo", "naive")
+
+    @classmethod
+    def preset(cls, name: str, **loss_overrides: Any) -> "HACPOConfig":
+        """Configuration of a named algorithm or ablation (one of :data:`PRESETS`).
+
+        * ``hacpo``: all four mechanisms, code defaults.
+        * ``gspo`` / ``grpo``: single agent, advantage over the learner's own G responses.
+        * ``naive``: shared rollouts, plain joint-mean advantage, self-type GSPO clip on every row.
+        * ``hacpo-no-adv``: plain joint-mean baseline (Table 2). ``hacpo-no-omega``: no ω^(j,k) on foreign
+          objectives, ω kept in the baseline (Table 3). ``hacpo-no-clip``: no foreign clamp (Figure 4).
+          ``hacpo-no-stepwise``: fixed foreign bound 1 − δ (Figure 4).
+
+        ``loss_overrides`` are applied to the :class:`PolicyLossConfig` (e.g. ``alpha=3.0``).
+        """
+        _check_choice("HACPOConfig.preset", "name", name, PRESETS)
+        algorithm = name.split("-", 1)[0]
+        advantage = AdvantageConfig()
+        loss_values: dict[str, Any] = {}
+        if algorithm in ("gspo", "grpo"):
+            advantage = AdvantageConfig(scope="own")
+        elif name in ("naive", "hacpo-no-adv"):
+            advantage = AdvantageConfig(capability_weighting=False)
+        elif name == "hacpo-no-omega":
+            loss_values["capability_coef"] = False
+        elif name == "hacpo-no-clip":
+            loss_values["cross_clip"] = False
+        elif name == "hacpo-no-stepwise":
+            loss_values["stepwise"] = False
+        loss_values.update(loss_overrides)
+        loss = PolicyLossConfig.for_algorithm(algorithm, **loss_values)
+        return cls(algorithm=algorithm, capability=CapabilityConfig(), advantage=advantage, loss=loss)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "HACPOConfig":
+        """Build from a nested mapping (e.g. parsed YAML); unknown keys raise ``ValueError``.
+
+        ``algorithm`` may be any preset name (e.g. ``"hacpo-no-clip"``): the preset is the starting point and the
+        ``capability`` / ``advantage`` / ``loss`` sections override its fields.
+        """
+        _check_known_fields(cls, data)
+        base = cls.preset(data.get("algorithm", "hacpo"))
+        sections = {}
+        for name in ("capability", "advantage", "loss"):
+            current = getattr(base, name)
+            overrides = data.get(name) or {}
+            _check_known_fields(type(current), overrides)
+            sections[name] = dataclasses.replace(current, **overrides)
+        return cls(algorithm=base.algorithm, **sections)

