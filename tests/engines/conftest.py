@@ -1,0 +1,13 @@
+"""Fixtures for the engine tests; the builders and references live in engine_fixtures.py."""
+import pytest
+from engine_fixtures import make_bpe_tokenizer, make_char_tokenizer
+
+
+@pytest.fixture(scope="module")
+def char_tokenizer():
+    return make_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer():
+    return make_bpe_tokenizer()

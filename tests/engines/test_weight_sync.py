@@ -1,0 +1,148 @@
+"""Weight-sync plumbing without vLLM: tensor encoding, the standalone gloo broadcast group, and the worker extension
+(mixed into a stand-in worker that records what it is asked to load)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from openrlhf_hacpo.engines.weight_sync import (
+    VLLMWorkerWeightSync,
+    create_weight_sync_group,
+    dtype_from_name,
+    find_free_port,
+    pack_named_tensors,
+    receive_broadcast_tensors,
+    tensor_specs,
+    unpack_named_tensors,
+)
+
+
+def _sample_tensors() -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "w32": torch.randn(3, 4, generator=generator),
+        "wbf16": torch.randn(5, generator=generator).to(torch.bfloat16),
+        "w16": torch.randn(2, 2, generator=generator).half(),
+        "ids": torch.tensor([[1, -2], [3, 4]], dtype=torch.int64),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.zeros(0, 3),
+        "strided": torch.arange(12.0).reshape(3, 4).t(),  # non-contiguous
+    }
+
+
+def test_pack_unpack_round_trip_is_exact():
+    tensors = _sample_tensors()
+    restored = dict(unpack_named_tensors(pack_named_tensors(tensors)))
+    assert list(restored) == list(tensors)
+    for name, tensor in tensors.items():
+        assert restored[name].dtype == tensor.dtype and restored[name].shape == tensor.shape
+        assert torch.equal(restored[name], tensor), name
+    # Packed items are plain Python values (str, list, bytes): forwardable by any RPC layer.
+    for name, dtype, shape, data in pack_named_tensors(tensors):
+        assert isinstance(name, str) and isinstance(dtype, str) and isinstance(shape, list) and isinstance(data, bytes)
+
+
+def test_dtype_names():
+    assert dtype_from_name("bfloat16") is torch.bfloat16
+    assert dtype_from_name("torch.float32") is torch.float32
+    with pytest.raises(ValueError, match="no_dtype"):
+        dtype_from_name("no_dtype")
+
+
+def _run_ranks(*targets):
+    """Run each rank's function in its own thread; re-raise the first failure."""
+    errors = []
+
+    def wrap(target):
+        try:
+            target()
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=wrap, args=(target,)) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    if errors:
+        raise errors[0]
+
+
+def test_gloo_group_broadcasts_tensors_in_spec_order():
+    tensors = {k: v.contiguous() for k, v in _sample_tensors().items() if v.numel() > 0}
+    port = find_free_port()
+    received: dict[str, torch.Tensor] = {}
+
+    def sender():
+        group = create_weight_sync_group("127.0.0.1", port, 0, 2, "test_group", backend="gloo", timeout_s=30)
+        for tensor in tensors.values():
+            group.broadcast(tensor, 0).wait()
+
+    def receiver():
+        group = create_weight_sync_group("127.0.0.1", port, 1, 2, "test_group", backend="gloo", timeout_s=30)
+        specs = tensor_specs(tensors.items())
+        received.update(receive_broadcast_tensors(group, specs, torch.device("cpu")))
+
+    _run_ranks(sender, receiver)
+    assert set(received) == set(tensors)
+    for name, tensor in tensors.items():
+        assert received[name].dtype == tensor.dtype and torch.equal(received[name], tensor), name
+
+
+def test_group_rejects_bad_rank_and_backend():
+    with pytest.raises(ValueError, match="rank 2"):
+        create_weight_sync_group("127.0.0.1", 1, 2, 2, "g", backend="gloo")
+    with pytest.raises(ValueError, match="'mpi'"):
+        create_weight_sync_group("127.0.0.1", find_free_port(), 0, 1, "g", backend="mpi", timeout_s=5)
+
+
+class _StandInWorker(VLLMWorkerWeightSync):
+    """What the extension needs from a vLLM worker: rank, device and an in-place reload that consumes an iterator."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.device = torch.device("cpu")
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    def reload_weights(self, weights_iterator, is_checkpoint_format: bool):
+        assert is_checkpoint_format
+        for name, tensor in weights_iterator:
+            self.loaded[name] = tensor.clone()
+
+
+def test_worker_extension_object_store_path():
+    tensors = _sample_tensors()
+    worker = _StandInWorker(rank=0)
+    assert worker.load_named_tensors(pack_named_tensors(tensors)) == len(tensors)
+    assert all(torch.equal(worker.loaded[name], tensor) for name, tensor in tensors.items())
+
+
+def test_worker_extension_broadcast_path_two_workers():
+    """Rank 0 sends; two workers of one tensor-parallel engine join at rank_offset=1 and load every tensor."""
+    tensors = {"a": torch.randn(4, 3), "b": torch.arange(6, dtype=torch.int32)}
+    port = find_free_port()
+    workers = [_StandInWorker(rank=0), _StandInWorker(rank=1)]
+    specs = tensor_specs(tensors.items())
+
+    def sender():
+        group = create_weight_sync_group("127.0.0.1", port, 0, 3, "hacpo", backend="gloo", timeout_s=30)
+        for tensor in tensors.values():
+            group.broadcast(tensor, 0).wait()
+
+    def worker_side(worker):
+        def run():
+            assert worker.init_weight_sync_group("127.0.0.1", port, 1, 3, "hacpo", "gloo", 30) == 1 + worker.rank
+            assert worker.receive_broadcast_weights(specs) == len(tensors)
+
+        return run
+
+    _run_ranks(sender, *(worker_side(w) for w in workers))
+    for worker in workers:
+        assert all(torch.equal(worker.loaded[name], tensor) for name, tensor in tensors.items())
+
+
+def test_worker_extension_requires_the_group_before_receiving():
+    with pytest.raises(RuntimeError, match="init_weight_sync_group"):
+        _StandInWorker(rank=0).receive_broadcast_weights([("a", "float32", [1])])
