@@ -1,0 +1,46 @@
+"""Rollouts shared between agents: tokenizer-neutral trajectories, the store, learner views and rewards."""
+from openrlhf_hacpo.rollout.rewards import (
+    RewardFunction,
+    RewardFunctionError,
+    RewardRunner,
+    RewardTimeoutError,
+    boxed_math,
+    exact_match,
+    get_reward_fn,
+    register_reward_fn,
+)
+from openrlhf_hacpo.rollout.store import RolloutStore
+from openrlhf_hacpo.rollout.trajectory import Trajectory, apply_eos_policy, make_trajectory
+from openrlhf_hacpo.rollout.views import (
+    LearnerBatch,
+    LearnerRow,
+    LearnerViewConfig,
+    build_learner_batch,
+    build_learner_rows,
+    encode_response,
+    render_prompt_ids,
+    render_prompt_text,
+)
+
+__all__ = [
+    "LearnerBatch",
+    "LearnerRow",
+    "LearnerViewConfig",
+    "RewardFunction",
+    "RewardFunctionError",
+    "RewardRunner",
+    "RewardTimeoutError",
+    "RolloutStore",
+    "Trajectory",
+    "apply_eos_policy",
+    "boxed_math",
+    "build_learner_batch",
+    "build_learner_rows",
+    "encode_response",
+    "exact_match",
+    "get_reward_fn",
+    "make_trajectory",
+    "register_reward_fn",
+    "render_prompt_ids",
+    "render_prompt_text",
+]

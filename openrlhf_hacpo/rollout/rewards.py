@@ -1,0 +1,406 @@
+"""Verifiable rewards: built-in verifiers, OpenRLHF-style reward files, and a process-pool runner.
+
+A reward is computed once per trajectory, from the source agent's own response text, and reused by every learner, as in
+the official code.
+
+Two kinds of reward function share one calling convention, ``fn(responses, prompts, labels) -> list[float]``:
+
+* **registered verifiers** score one sample at a time, ``verifier(response_text, label) -> float``:
+  ``exact_match``, ``boxed_math`` and ``arithmetic`` (the shipped arithmetic task, imported on first use);
+* **reward files** in OpenRLHF's style: a Python file defining ``reward_func(queries, prompts, labels)`` where
+  ``queries[i] = prompts[i] + responses[i]``, returning a list or 1-D tensor of floats, or a dict whose
+  ``"rewards"`` entry is one.
+
+:class:`RewardFunction` holds only names and paths, so it pickles into worker processes; :class:`RewardRunner`
+scores in a spawn-context process pool with an overall timeout.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import importlib
+import importlib.util
+import math
+import multiprocessing
+import os
+import numbers
+import re
+import threading
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+__all__ = [
+    "RewardFunction",
+    "RewardFunctionError",
+    "RewardRunner",
+    "RewardTimeoutError",
+    "boxed_math",
+    "exact_match",
+    "get_reward_fn",
+    "last_boxed_content",
+    "normalize_answer",
+    "prompt_text_for_reward",
+    "register_reward_fn",
+    "registered_reward_fns",
+]
+
+
+class RewardFunctionError(RuntimeError):
+    """A reward function could not be loaded, raised, or returned something that is not one float per sample."""
+
+
+class RewardTimeoutError(RewardFunctionError, TimeoutError):
+    """The reward function did not score a batch within the runner's timeout."""
+
+
+# ------------------------------------------------------------------------------------------- built-in verifiers
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def normalize_answer(text: str) -> str:
+    """Canonical form of an answer: stripped; a number loses thousands commas, ``+`` and trailing zeros.
+
+    ``" 1,000.0 "`` → ``"1000"``, ``"42."`` → ``"42"``, ``"-0.50"`` → ``"-0.5"``; non-numbers are only stripped.
+    """
+    s = str(text).strip()
+    candidate = s.replace(",", "")
+    if _NUMBER.match(candidate):
+        try:
+            value = Decimal(candidate)
+        except InvalidOperation:  # pragma: no cover - the pattern only admits valid decimals
+            return s
+        if value == 0:
+            return "0"
+        out = format(value.normalize(), "f")
+        return out.rstrip("0").rstrip(".") if "." in out else out
+    return s
+
+
+def exact_match(response_text: str, label: str | None) -> float:
+    """1.0 if the whole response equals the label after :func:`normalize_answer`, else 0.0."""
+    if label is None:
+        raise ValueError("exact_match needs a label")
+    return float(normalize_answer(response_text) == normalize_answer(label))
+
+
+def last_boxed_content(text: str) -> str | None:
+    """Content of the last well-formed ``\\boxed{...}`` (nested braces allowed), or None."""
+    pos = len(text)
+    while True:
+        pos = text.rfind("\\boxed", 0, pos)
+        if pos < 0:
+            return None
+        i = pos + len("\\boxed")
+        while i < len(text) and text[i] == " ":
+            i += 1
+        if i < len(text) and text[i] == "{":
+            depth = 0
+            for j in range(i, len(text)):
+                if text[j] == "{":
+                    depth += 1
+                elif text[j] == "}":
+                    depth -= 1
+                    if depth == 0:
+                        return text[i + 1 : j]
+
+
+def boxed_math(response_text: str, label: str | None) -> float:
+    """1.0 if the last ``\\boxed{...}`` of the response is mathematically equal to the label (math-verify).
+
+    The label may be bare (``"1/2"``), boxed or in ``$...$``. math-verify's timeouts use ``signal.alarm``, which
+    only works in the main thread; elsewhere they are disabled.
+    """
+    if label is None:
+        raise ValueError("boxed_math needs a label")
+    content = last_boxed_content(response_text)
+    if content is None or not content.strip():
+        return 0.0
+    from math_verify import parse, verify
+
+    in_main = threading.current_thread() is threading.main_thread()
+    timeout = {} if in_main else {"parsing_timeout": None}
+    gold_text = label if ("\\boxed" in label or "$" in label) else "\\boxed{" + label + "}"
+    gold = parse(gold_text, **timeout)
+    pred = parse("\\boxed{" + content + "}", **timeout)
+    if not gold or not pred:
+        return 0.0
+    return float(verify(gold, pred, **({} if in_main else {"timeout_seconds": None})))
+
+
+_REGISTRY: dict[str, str] = {
+    "exact_match": f"{__name__}:exact_match",
+    "boxed_math": f"{__name__}:boxed_math",
+    "arithmetic": "openrlhf_hacpo.data.arithmetic:arithmetic_reward",
+}
+
+
+def register_reward_fn(name: str, fn: Callable[[str, Any], float] | str) -> None:
+    """Register a per-sample verifier ``fn(response_text, label) -> float`` under ``name``.
+
+    ``fn`` is a module-level function or a ``"module:attribute"`` string; it is stored by reference so worker
+    processes can import it.
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"reward name must be a non-empty string, got {name!r}")
+    if callable(fn):
+        target = f"{fn.__module__}:{fn.__qualname__}"
+        if "<" in fn.__qualname__ or fn.__module__ == "__main__":
+            raise ValueError(
+                f"reward {name!r}: {fn.__qualname__} must be a module-level function of an importable module"
+            )
+    else:
+        target = fn
+    _resolve_target(target, name)
+    _REGISTRY[name] = target
+
+
+def registered_reward_fns() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def _resolve_target(target: str, name: str) -> Callable[..., Any]:
+    module_name, _, attr = target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as err:
+        raise RewardFunctionError(f"reward {name!r}: cannot import {target!r} ({type(err).__name__}: {err})") from err
+    if not callable(obj):
+        raise RewardFunctionError(f"reward {name!r}: {target!r} is not callable")
+    return obj
+
+
+# ------------------------------------------------------------------------------------------- reward files
+_FILE_MODULES: dict[tuple[str, int], Any] = {}
+
+
+def _load_reward_file(path: str) -> Callable[..., Any]:
+    """Import a reward file (cached per process and modification time) and return its ``reward_func``."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"reward file {path} does not exist")
+    key = (path, os.stat(path).st_mtime_ns)
+    module = _FILE_MODULES.get(key)
+    if module is None:
+        name = "hacpo_reward_file_" + hashlib.sha1(path.encode()).hexdigest()[:12]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise RewardFunctionError(f"reward file {path} cannot be imported as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:
+            raise RewardFunctionError(f"importing reward file {path} failed: {type(err).__name__}: {err}") from err
+        _FILE_MODULES[key] = module
+    fn = getattr(module, "reward_func", None)
+    if not callable(fn):
+        raise RewardFunctionError(
+            f"reward file {path} does not define a function reward_func(queries, prompts, labels)"
+        )
+    return fn
+
+
+def _as_float_list(out: Any, n: int, who: str) -> list[float]:
+    if isinstance(out, dict):
+        if "rewards" not in out:
+            raise RewardFunctionError(f"{who} returned a dict without a 'rewards' entry (keys: {sorted(out)})")
+        out = out["rewards"]
+    if hasattr(out, "tolist"):
+        out = out.tolist()
+    if not isinstance(out, (list, tuple)):
+        raise RewardFunctionError(f"{who} must return a list or 1-D tensor of floats, got {type(out).__name__}")
+    if len(out) != n:
+        raise RewardFunctionError(f"{who} returned {len(out)} rewards for {n} samples")
+    values = []
+    for i, v in enumerate(out):
+        if not isinstance(v, numbers.Real):
+            raise RewardFunctionError(f"{who} returned a non-numeric reward {v!r} for sample {i}")
+        v = float(v)
+        if not math.isfinite(v):
+            raise RewardFunctionError(f"{who} returned a non-finite reward {v} for sample {i}")
+        values.append(v)
+    return values
+
+
+@dataclass(frozen=True)
+class RewardFunction:
+    """A picklable handle on a registered verifier (``target``) or a reward file (``path``)."""
+
+    name: str
+    target: str | None = None
+    path: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.target is None) == (self.path is None):
+            raise ValueError("RewardFunction needs exactly one of target (registered verifier) or path (reward file)")
+
+    def __call__(self, responses: Sequence[str], prompts: Sequence[str], labels: Sequence[str | None]) -> list[float]:
+        n = len(responses)
+        if len(prompts) != n or len(labels) != n:
+            raise ValueError(f"reward {self.name!r}: {n} responses, {len(prompts)} prompts, {len(labels)} labels")
+        if self.path is not None:
+            fn = _load_reward_file(self.path)
+            queries = [p + r for p, r in zip(prompts, responses)]
+            try:
+                out = fn(queries, list(prompts), list(labels))
+            except Exception as err:
+                raise RewardFunctionError(
+                    f"reward_func in {self.path} raised {type(err).__name__}: {err}"
+                ) from err
+            return _as_float_list(out, n, f"reward_func in {self.path}")
+        fn = _resolve_target(self.target, self.name)
+        values = []
+        for i, (response, label) in enumerate(zip(responses, labels)):
+            try:
+                values.append(fn(response, label))
+            except Exception as err:
+                raise RewardFunctionError(
+                    f"reward {self.name!r} raised {type(err).__name__} on sample {i}: {err}"
+                ) from err
+        return _as_float_list(values, n, f"reward {self.name!r}")
+
+
+def get_reward_fn(name_or_path: str | RewardFunction) -> RewardFunction:
+    """A registered verifier by name, or a reward file by path (checked for ``reward_func`` now)."""
+    if isinstance(name_or_path, RewardFunction):
+        return name_or_path
+    if name_or_path in _REGISTRY:
+        _resolve_target(_REGISTRY[name_or_path], name_or_path)
+        return RewardFunction(name=name_or_path, target=_REGISTRY[name_or_path])
+    looks_like_path = str(name_or_path).endswith(".py") or os.sep in str(name_or_path)
+    if looks_like_path or os.path.exists(name_or_path):
+        path = str(Path(name_or_path).expanduser().resolve())
+        _load_reward_file(path)
+        return RewardFunction(name=path, path=path)
+    raise ValueError(
+        f"unknown reward {name_or_path!r}: not a registered verifier ({', '.join(registered_reward_fns())}) "
+        "and not a reward file path"
+    )
+
+
+def prompt_text_for_reward(traj: Any) -> str:
+    """The prompt handed to reward files: the source's rendered prompt (``metadata["prompt_text"]``) when known,
+    else the raw prompt text, else the content of the last user message."""
+    rendered = traj.metadata.get("prompt_text")
+    if isinstance(rendered, str):
+        return rendered
+    if isinstance(traj.prompt, str):
+        return traj.prompt
+    users = [m for m in traj.prompt if m.get("role") == "user"] or traj.prompt
+    return str(users[-1].get("content", ""))
+
+
+# ------------------------------------------------------------------------------------------- runner
+def _score_chunk(fn: RewardFunction, responses: list[str], prompts: list[str], labels: list) -> list[float]:
+    return fn(responses, prompts, labels)
+
+
+class RewardRunner:
+    """Score batches with a reward function, in-process or in a spawn-context process pool.
+
+    Args:
+        fn: a :class:`RewardFunction`, a registered name or a reward file path.
+        num_workers: 0 scores in the calling process; >= 1 uses that many worker processes.
+        timeout_s: overall limit for one batch (needs ``num_workers >= 1``); on expiry the workers are killed
+            (the pool restarts on the next call) and :class:`RewardTimeoutError` is raised. None waits forever.
+        chunk_size: samples per task; default splits a batch evenly over the workers.
+    """
+
+    def __init__(
+        self,
+        fn: RewardFunction | str,
+        num_workers: int = 0,
+        timeout_s: float | None = None,
+        chunk_size: int | None = None,
+    ) -> None:
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"RewardRunner.num_workers must be an int >= 0, got {num_workers!r}")
+        if timeout_s is not None:
+            if not timeout_s > 0:
+                raise ValueError(f"RewardRunner.timeout_s must be > 0 or None, got {timeout_s!r}")
+            if num_workers == 0:
+                raise ValueError("RewardRunner.timeout_s needs num_workers >= 1 (an in-process call cannot be stopped)")
+        if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+            raise ValueError(f"RewardRunner.chunk_size must be a positive int or None, got {chunk_size!r}")
+        self.fn = get_reward_fn(fn)
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
+        self.chunk_size = chunk_size
+        self._pool: cf.ProcessPoolExecutor | None = None
+
+    def __call__(self, responses: Sequence[str], prompts: Sequence[str], labels: Sequence[str | None]) -> list[float]:
+        responses, prompts, labels = list(responses), list(prompts), list(labels)
+        n = len(responses)
+        if len(prompts) != n or len(labels) != n:
+            raise ValueError(f"RewardRunner: {n} responses, {len(prompts)} prompts, {len(labels)} labels")
+        if n == 0:
+            return []
+        if self.num_workers == 0:
+            return self.fn(responses, prompts, labels)
+        size = self.chunk_size or -(-n // self.num_workers)
+        pool = self._get_pool()
+        futures = [
+            pool.submit(_score_chunk, self.fn, responses[i : i + size], prompts[i : i + size], labels[i : i + size])
+            for i in range(0, n, size)
+        ]
+        _, not_done = cf.wait(futures, timeout=self.timeout_s)
+        if not_done:
+            self._kill_pool()
+            raise RewardTimeoutError(
+                f"reward {self.fn.name!r} did not score {n} samples within {self.timeout_s} s "
+                f"({len(not_done)} of {len(futures)} chunks unfinished)"
+            )
+        out: list[float] = []
+        try:
+            for fut in futures:
+                out.extend(fut.result())
+        except cf.process.BrokenProcessPool as err:
+            self._kill_pool()
+            raise RewardFunctionError(f"a worker process of reward {self.fn.name!r} died: {err}") from err
+        return out
+
+    def score_trajectories(self, trajs: Sequence[Any]) -> list[float]:
+        """Score trajectories from their own response text and store each reward in ``traj.reward``."""
+        rewards = self(
+            [t.response_text for t in trajs], [prompt_text_for_reward(t) for t in trajs], [t.label for t in trajs]
+        )
+        for traj, reward in zip(trajs, rewards):
+            traj.reward = reward
+        return rewards
+
+    # --------------------------------------------------------------------------------------------- pool
+    def _get_pool(self) -> cf.ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = cf.ProcessPoolExecutor(
+                max_workers=self.num_workers, mp_context=multiprocessing.get_context("spawn")
+            )
+        return self._pool
+
+    def _kill_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if hasattr(pool, "terminate_workers"):  # Python >= 3.14
+            pool.terminate_workers()
+            return
+        # ProcessPoolExecutor before 3.14 cannot stop a running task; terminate its worker processes directly.
+        processes = list((getattr(pool, "_processes", None) or {}).values())
+        for proc in processes:
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in processes:
+            proc.join(timeout=5)
+
+    def close(self) -> None:
+        """Shut the worker pool down (waits for running tasks)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> "RewardRunner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

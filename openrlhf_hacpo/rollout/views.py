@@ -1,0 +1,426 @@
+"""Learner views: every stored trajectory as token rows for one learner's tokenizer.
+
+Paper-vs-code choices made here are items 7–10 of the table in docs/algorithm.md §5.
+
+For learner k and a trajectory from source j:
+
+* **own rows** (j == k) keep the source's original action ids (as the official v1 code) and their per-token old
+  log-probs;
+* **foreign rows** (j != k) re-render the prompt with the learner's chat template (both official codes) and
+  re-tokenize the response *text* with the learner's tokenizer: ``tokenizer(text, add_special_tokens=False)``.
+
+Both carry the source-normalised old log-prob ``old_logp_mean = source_logp_sum / source_num_tokens``, the
+denominator of the cross-agent ratio (eq. 11 with each side normalised by its own token count).
+
+EOS (the paper is silent; the official codes differ): with ``eos_policy="drop"`` no row contains a terminal EOS
+action (an EOS-only response stays a single EOS action); with ``"keep"`` own rows keep the generated EOS and foreign
+rows that finished get the *learner's* EOS id appended. The source's EOS is never copied as text.
+
+Overflow: prompts are left-truncated to ``prompt_max_len`` and responses right-truncated to ``generate_max_len``;
+``old_logp_mean`` still covers the full source response, as in both official codebases.
+
+Prompt rendering (:func:`render_prompt_ids`) follows transformers' own ``apply_chat_template(tokenize=True)``: the
+template text is encoded with ``add_special_tokens=False``, so a template that writes ``bos_token`` yields exactly one
+BOS and a template that does not yields none. Rollout engines use the same function, so an agent's own rows see the
+prompt ids it generated from.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from openrlhf_hacpo.rollout.trajectory import EOS_POLICIES, Prompt, Trajectory
+
+__all__ = [
+    "LearnerBatch",
+    "LearnerRow",
+    "LearnerViewConfig",
+    "MINIBATCH_ORDERS",
+    "build_learner_batch",
+    "build_learner_rows",
+    "encode_response",
+    "render_prompt_ids",
+    "render_prompt_text",
+]
+
+MINIBATCH_ORDERS = ("own_first", "stratified", "shuffle")
+
+
+@dataclass(frozen=True)
+class LearnerViewConfig:
+    """How trajectories become a learner's token rows.
+
+    Args:
+        eos_policy: ``"drop"`` (official v1 code) or ``"keep"`` (official main code); must match the policy the
+            trajectories were created with.
+        prompt_max_len: prompts longer than this keep their last ``prompt_max_len`` tokens; None = no limit.
+        generate_max_len: responses longer than this keep their first ``generate_max_len`` tokens; None = no limit.
+        apply_chat_template: render prompts with the tokenizer's chat template (a raw string prompt becomes one user
+            message); False encodes a raw string prompt directly, with the tokenizer's special tokens (e.g. BOS).
+        enable_thinking: passed to the chat template (Qwen3 templates read it); None passes nothing.
+    """
+
+    eos_policy: str = "drop"
+    prompt_max_len: int | None = 1024
+    generate_max_len: int | None = 4096
+    apply_chat_template: bool = True
+    enable_thinking: bool | None = False
+
+    def __post_init__(self) -> None:
+        if self.eos_policy not in EOS_POLICIES:
+            raise ValueError(f"LearnerViewConfig.eos_policy must be one of {EOS_POLICIES}, got {self.eos_policy!r}")
+        for name in ("prompt_max_len", "generate_max_len"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ValueError(f"LearnerViewConfig.{name} must be a positive int or None, got {value!r}")
+
+
+# ------------------------------------------------------------------------------------------------------ tokenizing
+def _input_ids(encoding: Any) -> list[int]:
+    ids = encoding["input_ids"] if not isinstance(encoding, list) else encoding
+    return [int(i) for i in ids]
+
+
+def _tokenizer_name(tokenizer: Any) -> str:
+    return getattr(tokenizer, "name_or_path", None) or type(tokenizer).__name__
+
+
+def render_prompt_text(prompt: Prompt, tokenizer: Any, cfg: LearnerViewConfig) -> str:
+    """The prompt as the model sees it: the chat template with the generation prompt, or the raw text."""
+    if not cfg.apply_chat_template:
+        if not isinstance(prompt, str):
+            raise ValueError("a chat-message prompt needs apply_chat_template=True")
+        return prompt
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise ValueError(f"tokenizer {_tokenizer_name(tokenizer)!r} has no chat template (apply_chat_template=True)")
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    kwargs = {} if cfg.enable_thinking is None else {"enable_thinking": cfg.enable_thinking}
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+
+
+def render_prompt_ids(prompt: Prompt, tokenizer: Any, cfg: LearnerViewConfig) -> list[int]:
+    """Prompt token ids for ``tokenizer`` (untruncated).
+
+    Chat-template text is encoded with ``add_special_tokens=False`` (the template owns BOS); a raw-text prompt
+    without a template is encoded with the tokenizer's special tokens, as ``tokenizer(text)`` would.
+    """
+    text = render_prompt_text(prompt, tokenizer, cfg)
+    return _input_ids(tokenizer(text, add_special_tokens=not cfg.apply_chat_template))
+
+
+def encode_response(text: str, tokenizer: Any) -> list[int]:
+    """Response text to the learner's ids, without special tokens: ``tokenizer(text, add_special_tokens=False)``."""
+    return _input_ids(tokenizer(text, add_special_tokens=False))
+
+
+def _encode_responses(texts: list[str], tokenizer: Any) -> list[list[int]]:
+    """:func:`encode_response` for many texts in one tokenizer call (fast tokenizers encode a batch in parallel)."""
+    if not texts:
+        return []
+    return [[int(i) for i in ids] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+# ------------------------------------------------------------------------------------------------------ rows
+@dataclass
+class LearnerRow:
+    """One trajectory in one learner's tokens."""
+
+    prompt_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    is_own: bool
+    source: int
+    reward: float
+    old_logp_mean: float
+    old_logp: list[float] | None  # own rows with per-token values: aligned with response_ids
+    prompt_truncated: bool = False
+    response_truncated: bool = False
+
+
+def _truncate(prompt_ids: list[int], response_ids: list[int], old_logp: list[float] | None, cfg: LearnerViewConfig):
+    prompt_truncated = cfg.prompt_max_len is not None and len(prompt_ids) > cfg.prompt_max_len
+    if prompt_truncated:
+        prompt_ids = prompt_ids[-cfg.prompt_max_len :]
+    response_truncated = cfg.generate_max_len is not None and len(response_ids) > cfg.generate_max_len
+    if response_truncated:
+        response_ids = response_ids[: cfg.generate_max_len]
+        if old_logp is not None:
+            old_logp = old_logp[: cfg.generate_max_len]
+    return prompt_ids, response_ids, old_logp, prompt_truncated, response_truncated
+
+
+def build_learner_batch(
+    trajs: Sequence[Trajectory],
+    learner: int,
+    tokenizer: Any,
+    cfg: LearnerViewConfig | None = None,
+    eos_token_id: int | None = None,
+) -> "LearnerBatch":
+    """Turn verified trajectories into learner ``learner``'s rows, in the given order.
+
+    Args:
+        trajs: verified trajectories (own and foreign) of one step.
+        learner: the learner's agent index; rows with ``source == learner`` are own rows.
+        tokenizer: the learner's Hugging Face tokenizer (chat template included).
+        cfg: view settings; defaults to :class:`LearnerViewConfig()`.
+        eos_token_id: the learner's EOS id for foreign rows (``"keep"`` policy, empty responses); defaults to
+            ``tokenizer.eos_token_id``.
+    """
+    cfg = cfg or LearnerViewConfig()
+    trajs = list(trajs)
+    learner_eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
+    prompt_cache: dict[str, tuple[Prompt, list[int]]] = {}
+    foreign_ids = iter(_encode_responses([t.response_text for t in trajs if t.source != learner], tokenizer))
+    rows = []
+    for traj in trajs:
+        where = f"trajectory {traj.prompt_id!r} from agent {traj.source}"
+        if traj.reward is None:
+            raise ValueError(f"{where} is not verified (reward is None)")
+        if traj.eos_policy != cfg.eos_policy:
+            raise ValueError(
+                f"{where} was created with eos_policy={traj.eos_policy!r} but the learner view uses "
+                f"eos_policy={cfg.eos_policy!r}"
+            )
+        cached = prompt_cache.get(traj.prompt_id)
+        if cached is None:
+            cached = (traj.prompt, render_prompt_ids(traj.prompt, tokenizer, cfg))
+            prompt_cache[traj.prompt_id] = cached
+        elif cached[0] != traj.prompt:
+            raise ValueError(f"prompt_id {traj.prompt_id!r} is shared by two different prompts")
+        is_own = traj.source == learner
+        if is_own:
+            response_ids = traj.action_token_ids()
+            old_logp = traj.action_logp() or None
+        else:
+            response_ids = next(foreign_ids)
+            old_logp = None
+            if (cfg.eos_policy == "keep" and traj.finished) or not response_ids:
+                # A finished response ends with the learner's EOS ("keep"); an empty text is the EOS-only response,
+                # which stays a single EOS action under either policy.
+                if learner_eos is None:
+                    raise ValueError(f"learner tokenizer {_tokenizer_name(tokenizer)!r} has no eos_token_id")
+                response_ids = response_ids + [int(learner_eos)]
+        prompt_ids, response_ids, old_logp, p_trunc, r_trunc = _truncate(list(cached[1]), response_ids, old_logp, cfg)
+        rows.append(
+            LearnerRow(
+                prompt_id=traj.prompt_id,
+                prompt_ids=prompt_ids,
+                response_ids=response_ids,
+                is_own=is_own,
+                source=traj.source,
+                reward=float(traj.reward),
+                old_logp_mean=traj.old_logp_mean,
+                old_logp=old_logp,
+                prompt_truncated=p_trunc,
+                response_truncated=r_trunc,
+            )
+        )
+    return LearnerBatch(learner=learner, rows=rows)
+
+
+build_learner_rows = build_learner_batch
+
+
+# ------------------------------------------------------------------------------------------------------ batch
+def _balanced_chunks(items: list[int], num: int) -> list[list[int]]:
+    """Split into ``num`` contiguous chunks whose sizes differ by at most one (larger chunks first)."""
+    base, extra = divmod(len(items), num)
+    out, start = [], 0
+    for i in range(num):
+        size = base + (1 if i < extra else 0)
+        out.append(items[start : start + size])
+        start += size
+    return out
+
+
+@dataclass
+class LearnerBatch:
+    """A learner's rows plus per-row float columns (e.g. ``advantages``, ``coef``) set by the trainer.
+
+    Rows are shared, not copied, between a batch and the batches made from it by :meth:`select`,
+    :meth:`split_minibatches` and :meth:`micro_batches`; columns are sliced with the rows.
+    """
+
+    learner: int
+    rows: list[LearnerRow]
+    columns: dict[str, list[float]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    # -------------------------------------------------------------------------------------------- columns
+    def set_column(self, name: str, values: Sequence[float] | Any) -> None:
+        """Attach one float per row (a sequence or a 1-D tensor of length ``len(self)``)."""
+        if hasattr(values, "tolist"):
+            values = values.tolist()
+        values = [float(v) for v in values]
+        if len(values) != len(self.rows):
+            raise ValueError(f"column {name!r} has {len(values)} values for {len(self.rows)} rows")
+        self.columns[name] = values
+
+    def column(self, name: str):
+        import torch
+
+        if name not in self.columns:
+            raise KeyError(f"LearnerBatch has no column {name!r} (columns: {sorted(self.columns)})")
+        return torch.tensor(self.columns[name], dtype=torch.float32)
+
+    # -------------------------------------------------------------------------------------------- statistics
+    @property
+    def num_response_tokens(self) -> int:
+        return sum(len(r.response_ids) for r in self.rows)
+
+    def prompt_index(self) -> list[int]:
+        """Group index of each row: rows of the same prompt share an index (first appearance order)."""
+        index: dict[str, int] = {}
+        return [index.setdefault(r.prompt_id, len(index)) for r in self.rows]
+
+    def stats(self) -> dict[str, float]:
+        """Truncation fractions and sizes, for logging."""
+        n = len(self.rows)
+        if n == 0:
+            return {"num_rows": 0.0}
+        p = sum(r.prompt_truncated for r in self.rows)
+        r_ = sum(r.response_truncated for r in self.rows)
+        both = sum(r.prompt_truncated or r.response_truncated for r in self.rows)
+        return {
+            "num_rows": float(n),
+            "num_own_rows": float(sum(r.is_own for r in self.rows)),
+            "prompt_truncated_fraction": p / n,
+            "response_truncated_fraction": r_ / n,
+            "truncated_fraction": both / n,
+            "response_tokens_mean": self.num_response_tokens / n,
+        }
+
+    @property
+    def truncated_fraction(self) -> float:
+        """Fraction of rows whose prompt or response was truncated."""
+        return self.stats().get("truncated_fraction", 0.0)
+
+    # -------------------------------------------------------------------------------------------- splitting
+    def select(self, indices: Sequence[int]) -> "LearnerBatch":
+        idx = list(indices)
+        return LearnerBatch(
+            learner=self.learner,
+            rows=[self.rows[i] for i in idx],
+            columns={k: [v[i] for i in idx] for k, v in self.columns.items()},
+        )
+
+    def split_minibatches(
+        self, num: int, order: str = "own_first", seed: int = 0, dp_chunks: int = 1
+    ) -> list["LearnerBatch"]:
+        """Split into ``num`` mini-batches, one per optimizer step m = 0..num-1 (eq. 14; docs/algorithm.md §5,
+        item 11).
+
+        Orders:
+            ``"own_first"`` (official v1 code): own rows first, then foreign rows, each in their current order; the
+                sequence is cut into ``dp_chunks`` contiguous chunks (v1's data-parallel ranks) and mini-batch m
+                takes the m-th contiguous slice of every chunk. ``dp_chunks=1`` puts all own rows in the first
+                mini-batches; v1's 8-rank run (``dp_chunks=8``) gives every mini-batch half own, half foreign rows
+                with two agents.
+            ``"stratified"``: every source's rows (own first, then foreign sources ascending) are cut into ``num``
+                contiguous slices and mini-batch m takes slice m of each: each optimizer step sees the same share
+                of every source, as both official runs do in effect.
+            ``"shuffle"``: a seeded random permutation cut into ``num`` contiguous slices.
+        Mini-batch sizes differ by at most one row per chunk when the rows do not divide evenly.
+        """
+        n = len(self.rows)
+        if not isinstance(num, int) or num < 1:
+            raise ValueError(f"split_minibatches: num must be a positive int, got {num!r}")
+        if order not in MINIBATCH_ORDERS:
+            raise ValueError(f"split_minibatches: order must be one of {MINIBATCH_ORDERS}, got {order!r}")
+        if not isinstance(dp_chunks, int) or dp_chunks < 1:
+            raise ValueError(f"split_minibatches: dp_chunks must be a positive int, got {dp_chunks!r}")
+        if num > n:
+            raise ValueError(f"split_minibatches: cannot split {n} rows into {num} non-empty mini-batches")
+        own = [i for i, r in enumerate(self.rows) if r.is_own]
+        foreign = [i for i, r in enumerate(self.rows) if not r.is_own]
+        if order == "own_first":
+            parts: list[list[int]] = [[] for _ in range(num)]
+            for chunk in _balanced_chunks(own + foreign, dp_chunks):
+                for m, piece in enumerate(_balanced_chunks(chunk, num)):
+                    parts[m].extend(piece)
+        elif order == "stratified":
+            sources = sorted({self.rows[i].source for i in foreign})
+            groups = [own] + [[i for i in foreign if self.rows[i].source == s] for s in sources]
+            parts = [[] for _ in range(num)]
+            for group in groups:
+                for m, piece in enumerate(_balanced_chunks(group, num)):
+                    parts[m].extend(piece)
+        else:
+            perm = list(range(n))
+            random.Random(seed).shuffle(perm)
+            parts = _balanced_chunks(perm, num)
+        if any(not p for p in parts):
+            sizes = [len(p) for p in parts]
+            raise ValueError(
+                f"split_minibatches: {n} rows with order={order!r}, dp_chunks={dp_chunks} leave an empty "
+                f"mini-batch (sizes {sizes})"
+            )
+        return [self.select(p) for p in parts]
+
+    def micro_batches(self, size: int) -> list["LearnerBatch"]:
+        """Consecutive chunks of at most ``size`` rows (gradient accumulation within one mini-batch)."""
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"micro_batches: size must be a positive int, got {size!r}")
+        return [self.select(range(i, min(i + size, len(self.rows)))) for i in range(0, len(self.rows), size)]
+
+    # -------------------------------------------------------------------------------------------- tensors
+    def to_padded(self, pad_id: int, device: Any = None) -> dict[str, Any]:
+        """Pack the rows for one causal-LM forward.
+
+        Layout (P = longest prompt, R = longest response): prompts are **left**-padded into columns ``[0, P)`` and
+        responses **right**-padded into ``[P, P + R)``, so every response starts at column P:
+
+        * ``input_ids`` [B, P+R] (pads = ``pad_id``), ``attention_mask`` [B, P+R] (long), ``position_ids`` [B, P+R]
+          (count of real tokens before each position; pass it to the model, as left padding shifts positions);
+        * ``response_ids`` [B, R] = ``input_ids[:, P:]``, the labels; ``response_mask`` [B, R] float32, 1 on real
+          response tokens. The logits that predict them are ``logits[:, P-1 : P+R-1]`` with
+          ``P = input_ids.shape[1] - response_ids.shape[1]``;
+        * ``old_logp`` [B, R] float32: own rows' per-token old log-probs (0 on foreign rows and padding);
+          ``has_old_logp`` [B] bool;
+        * per row: ``old_logp_mean`` float32, ``reward`` float32, ``is_own`` bool, ``source`` long,
+          ``prompt_index`` long (advantage group), and every column as float32.
+        """
+        import torch
+
+        if not self.rows:
+            raise ValueError("to_padded: the batch is empty")
+        b = len(self.rows)
+        p = max(len(r.prompt_ids) for r in self.rows)
+        rlen = max(len(r.response_ids) for r in self.rows)
+        input_ids = torch.full((b, p + rlen), int(pad_id), dtype=torch.long)
+        attention_mask = torch.zeros((b, p + rlen), dtype=torch.long)
+        old_logp = torch.zeros((b, rlen), dtype=torch.float32)
+        has_old_logp = torch.zeros(b, dtype=torch.bool)
+        for i, row in enumerate(self.rows):
+            lp, lr = len(row.prompt_ids), len(row.response_ids)
+            input_ids[i, p - lp : p] = torch.tensor(row.prompt_ids, dtype=torch.long)
+            input_ids[i, p : p + lr] = torch.tensor(row.response_ids, dtype=torch.long)
+            attention_mask[i, p - lp : p + lr] = 1
+            if row.old_logp is not None:
+                old_logp[i, : len(row.old_logp)] = torch.tensor(row.old_logp, dtype=torch.float32)
+                has_old_logp[i] = True
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        out = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "response_ids": input_ids[:, p:].clone(),
+            "response_mask": attention_mask[:, p:].to(torch.float32),
+            "old_logp": old_logp,
+            "has_old_logp": has_old_logp,
+            "old_logp_mean": torch.tensor([r.old_logp_mean for r in self.rows], dtype=torch.float32),
+            "reward": torch.tensor([r.reward for r in self.rows], dtype=torch.float32),
+            "is_own": torch.tensor([r.is_own for r in self.rows], dtype=torch.bool),
+            "source": torch.tensor([r.source for r in self.rows], dtype=torch.long),
+            "prompt_index": torch.tensor(self.prompt_index(), dtype=torch.long),
+        }
+        for name, values in self.columns.items():
+            if name in out:
+                raise ValueError(f"column {name!r} clashes with a built-in tensor of to_padded")
+            out[name] = torch.tensor(values, dtype=torch.float32)
+        if device is not None:
+            out = {k: v.to(device) for k, v in out.items()}
+        return out
