@@ -1,0 +1,480 @@
+"""Micro-benchmark of the log-prob / entropy kernels against plain PyTorch paths.
+
+For every (N tokens, V vocabulary) shape with bf16 logits it measures, per path:
+
+* median forward time and forward+backward time (``triton.testing.do_bench`` on GPU, a ``time.perf_counter``
+  loop on CPU);
+* achieved GB/s against the bytes a perfect kernel must move: forward reads the logits once (2·N·V bytes),
+  forward+backward additionally reads them again and writes ``d logits`` once (3 x 2·N·V bytes in total);
+* peak extra memory: ``torch.cuda.max_memory_allocated`` above the inputs on GPU; on CPU the process's peak
+  resident set (VmHWM, reset through ``/proc/self/clear_refs``) above the resident set before the call.
+
+Paths: ``naive`` (``logits.float().log_softmax(-1)`` + gather + entropy, autograd), ``chunked_torch`` (the same on
+1024-row chunks), ``torch_twin`` and ``triton`` / ``triton_inplace`` (:func:`kernels.logprobs_from_logits`),
+plus Liger-Kernel and flash-attn cross entropy (log-prob only) when importable. The fused-linear section compares
+``hidden @ W.T`` followed by the Triton log-prob kernel with :func:`kernels.fused_linear_logprobs`.
+
+Results go to ``benchmarks/results/<stem>.json`` and ``.md`` (written atomically); the table is printed last.
+
+    python benchmarks/bench_kernels.py                 # GPU: full sweep; CPU: --cpu-small
+    python benchmarks/bench_kernels.py --quick         # GPU: N in {4k, 16k}, V = 151936
+    python benchmarks/bench_kernels.py --shapes 4096x32000,16384x151936 --out kernels_h100
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from kernels import fused_linear_logprobs, logprobs_from_logits  # noqa: E402
+
+RESULTS_DIR = ROOT / "benchmarks" / "results"
+FULL_SHAPES = [(n, v) for n in (4096, 16384, 65536) for v in (32000, 128256, 151936)]
+QUICK_SHAPES = [(4096, 151936), (16384, 151936)]
+CPU_SHAPES = [(512, 32000), (2048, 32000)]
+HBM_PEAK_TBS = {"H100": 3.35, "H200": 4.8}
+MIB = 1024 * 1024
+
+
+@dataclass
+class Row:
+    section: str  # "logits" or "fused_linear"
+    path: str
+    n: int
+    v: int
+    h: int | None = None
+    fwd_ms: float | None = None
+    step_ms: float | None = None
+    fwd_gbps: float | None = None
+    step_gbps: float | None = None
+    step_tflops: float | None = None
+    peak_fwd_mib: float | None = None
+    peak_step_mib: float | None = None
+    note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# timing and memory
+# --------------------------------------------------------------------------------------------------------------
+class Meter:
+    """Median time and peak extra memory of a callable, on CUDA or CPU."""
+
+    def __init__(self, device: str, cpu_reps: int):
+        self.device = device
+        self.cpu_reps = cpu_reps
+
+    def time_ms(self, fn, grad_to_none=None) -> float:
+        if self.device == "cuda":
+            import triton.testing
+
+            return float(triton.testing.do_bench(fn, warmup=10, rep=60, grad_to_none=grad_to_none,
+                                                 return_mode="median"))
+        times = []
+        for i in range(self.cpu_reps + 1):
+            if grad_to_none:
+                for t in grad_to_none:
+                    t.grad = None
+            t0 = time.perf_counter()
+            fn()
+            if i:  # the first call is a warm-up
+                times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    def peak_mib(self, fn) -> float | None:
+        """Peak memory above what is allocated before ``fn`` runs (outputs that stay alive are included)."""
+        gc.collect()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            fn()
+            torch.cuda.synchronize()
+            return (torch.cuda.max_memory_allocated() - base) / MIB
+        if not _reset_peak_rss():
+            return None
+        base = _status_kib("VmRSS")
+        fn()
+        return (_status_kib("VmHWM") - base) / 1024
+
+
+def _status_kib(key: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def _pin_malloc_to_mmap() -> None:
+    """Make glibc serve every large buffer with mmap and unmap it on free, so the RSS peak tracks live tensors.
+
+    By default glibc raises its mmap threshold after the first large free and then keeps freed buffers in the
+    heap, which hides later allocations from an RSS-based measurement. No-op where glibc is not available.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD (fixing it also disables the dynamic adjustment)
+        libc.mallopt(-1, 128 * 1024)  # M_TRIM_THRESHOLD
+        _LIBC[0] = libc
+    except (OSError, AttributeError):
+        pass
+
+
+_LIBC: list = [None]
+
+
+def _reset_peak_rss() -> bool:
+    if _LIBC[0] is not None:
+        _LIBC[0].malloc_trim(0)
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        return True
+    except OSError:
+        return False
+
+
+def _is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+# --------------------------------------------------------------------------------------------------------------
+# paths: (logits, labels) -> (logp, entropy | None)
+# --------------------------------------------------------------------------------------------------------------
+def naive_path(logits, labels):
+    lp = logits.float().log_softmax(dim=-1)
+    logp = lp.gather(1, labels.unsqueeze(1)).squeeze(1)
+    entropy = -(lp.exp() * lp).sum(dim=-1)
+    return logp, entropy
+
+
+def chunked_torch_path(logits, labels, rows=1024):
+    outs = [naive_path(logits[s:s + rows], labels[s:s + rows]) for s in range(0, logits.shape[0], rows)]
+    return torch.cat([o[0] for o in outs]), torch.cat([o[1] for o in outs])
+
+
+def make_logits_paths(device: str) -> dict:
+    paths = {
+        "naive": naive_path,
+        "chunked_torch": chunked_torch_path,
+        "torch_twin": lambda x, y: logprobs_from_logits(x, y, return_entropy=True, backend="torch"),
+    }
+    if device == "cuda":
+        paths["triton"] = lambda x, y: logprobs_from_logits(x, y, return_entropy=True, backend="triton")
+        paths["triton_inplace"] = lambda x, y: logprobs_from_logits(x, y, return_entropy=True, backend="triton",
+                                                                    inplace_backward=True)
+        try:
+            from liger_kernel.transformers.functional import liger_cross_entropy
+
+            paths["liger_ce (logp only)"] = lambda x, y: (-liger_cross_entropy(x, y, reduction="none"), None)
+        except Exception:  # noqa: BLE001 - optional comparison
+            pass
+        try:
+            from flash_attn.ops.triton.cross_entropy import cross_entropy_loss
+
+            paths["flash_attn_ce (logp only)"] = lambda x, y: (-cross_entropy_loss(x, y, inplace_backward=True)[0],
+                                                               None)
+        except Exception:  # noqa: BLE001 - optional comparison
+            pass
+    return paths
+
+
+def bench_logits(meter: Meter, device: str, shapes) -> list[Row]:
+    rows = []
+    for n, v in shapes:
+        fwd_bytes = 2 * n * v
+        step_bytes = 3 * fwd_bytes
+        for name, path in make_logits_paths(device).items():
+            row = Row("logits", name, n, v)
+            logits = labels = g = h = None
+            try:
+                gen = torch.Generator(device=device).manual_seed(0)
+                logits = torch.randn(n, v, device=device, generator=gen, dtype=torch.bfloat16).mul_(2)
+                labels = torch.randint(0, v, (n,), device=device, generator=gen)
+                g = torch.randn(n, device=device, generator=gen)
+                h = torch.randn(n, device=device, generator=gen)
+
+                def fwd():
+                    with torch.no_grad():
+                        return path(logits, labels)
+
+                row.fwd_ms = meter.time_ms(fwd)
+                row.peak_fwd_mib = meter.peak_mib(fwd)
+                row.fwd_gbps = fwd_bytes / row.fwd_ms / 1e6
+                logits.requires_grad_(True)
+
+                def step():
+                    logp, ent = path(logits, labels)
+                    outs, grads = [logp], [g]
+                    if ent is not None:
+                        outs.append(ent)
+                        grads.append(h)
+                    torch.autograd.backward(outs, grads)
+
+                row.step_ms = meter.time_ms(step, grad_to_none=[logits])
+                logits.grad = None
+                row.peak_step_mib = meter.peak_mib(step)
+                row.step_gbps = step_bytes / row.step_ms / 1e6
+                if "inplace" in name:
+                    row.note = "d logits written into the logits buffer"
+            except Exception as exc:  # noqa: BLE001 - an OOM or a missing optional kernel is a result too
+                row.note = "OOM" if _is_oom(exc) else f"error: {type(exc).__name__}: {str(exc)[:120]}"
+            finally:
+                del logits, labels, g, h
+                gc.collect()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+            rows.append(row)
+            print(f"  {row.section:12s} {row.path:26s} N={n:6d} V={v:6d} fwd={_fmt(row.fwd_ms)} ms "
+                  f"step={_fmt(row.step_ms)} ms peak={_fmt(row.peak_step_mib)} MiB {row.note}", flush=True)
+    return rows
+
+
+def bench_fused_linear(meter: Meter, device: str, shapes, h_dim: int, chunk_size: int | None) -> list[Row]:
+    rows = []
+    for n, v in shapes:
+        full_logits_mib = 2 * n * v / MIB
+        flops = 6 * n * h_dim * v  # forward GEMM + d hidden + d weight, without the recompute
+        variants = {
+            "full_logits+logprobs": None,
+            "fused_linear": "triton" if device == "cuda" else None,
+            "fused_linear_twin": "torch",
+        }
+        for name, backend in variants.items():
+            if name == "fused_linear" and backend is None:
+                continue
+            row = Row("fused_linear", name, n, v, h=h_dim)
+            hidden = weight = labels = g = None
+            try:
+                gen = torch.Generator(device=device).manual_seed(1)
+                hidden = torch.randn(n, h_dim, device=device, generator=gen).to(torch.bfloat16).requires_grad_()
+                weight = (torch.randn(v, h_dim, device=device, generator=gen) * h_dim**-0.5).to(torch.bfloat16)
+                weight.requires_grad_()
+                labels = torch.randint(0, v, (n,), device=device, generator=gen)
+                g = torch.randn(n, device=device, generator=gen)
+                lp_backend = "triton" if device == "cuda" else "torch"
+
+                def step():
+                    if backend is None:
+                        logits = hidden @ weight.t()
+                        logp, ent = logprobs_from_logits(logits, labels, return_entropy=True, backend=lp_backend,
+                                                         inplace_backward=True)
+                    else:
+                        chunking = {"chunk_size": chunk_size} if chunk_size else {}
+                        logp, ent = fused_linear_logprobs(hidden, weight, labels, return_entropy=True,
+                                                          backend=backend, **chunking)
+                    torch.autograd.backward([logp, ent], [g, g])
+
+                row.step_ms = meter.time_ms(step, grad_to_none=[hidden, weight])
+                row.step_tflops = flops / row.step_ms / 1e9
+                hidden.grad = weight.grad = None
+                peak = meter.peak_mib(step)
+                if peak is not None:
+                    grads_mib = (hidden.numel() + weight.numel()) * 2 / MIB
+                    row.peak_step_mib = peak - grads_mib  # the gradients themselves are not "extra"
+                    row.extra["extra_vs_full_logits_pct"] = 100 * row.peak_step_mib / full_logits_mib
+                row.note = f"full bf16 logits = {full_logits_mib:.0f} MiB"
+                if backend is not None and chunk_size:
+                    row.note += f"; chunk_size={chunk_size}"
+            except Exception as exc:  # noqa: BLE001
+                row.note = "OOM" if _is_oom(exc) else f"error: {type(exc).__name__}: {str(exc)[:120]}"
+            finally:
+                del hidden, weight, labels, g
+                gc.collect()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+            rows.append(row)
+            print(f"  {row.section:12s} {row.path:26s} N={n:6d} V={v:6d} H={h_dim} step={_fmt(row.step_ms)} ms "
+                  f"peak extra={_fmt(row.peak_step_mib)} MiB {row.note}", flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------------------
+# reporting
+# --------------------------------------------------------------------------------------------------------------
+def _fmt(x, digits=2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return "-"
+    return f"{x:.{digits}f}"
+
+
+def summarize(rows: list[Row], peak_tbs: float | None) -> list[str]:
+    """Ratios the targets in docs/kernels.md are stated in."""
+    lines = []
+    by_key = {(r.section, r.path, r.n, r.v): r for r in rows}
+    for (section, path, n, v), r in sorted(by_key.items()):
+        if section != "logits" or path not in ("triton", "triton_inplace", "torch_twin"):
+            continue
+        naive = by_key.get(("logits", "naive", n, v))
+        if not naive or r.step_ms is None:
+            continue
+        parts = [f"{path} N={n} V={v}:"]
+        if naive.step_ms:
+            parts.append(f"{naive.step_ms / r.step_ms:.1f}x faster than naive (fwd+bwd)")
+        if naive.peak_step_mib and r.peak_step_mib:
+            parts.append(f"{naive.peak_step_mib / r.peak_step_mib:.1f}x less peak memory")
+        if peak_tbs:
+            floor_ms = 3 * 2 * n * v / (peak_tbs * 1e9)
+            parts.append(f"{r.step_ms / floor_ms:.2f}x the HBM floor ({floor_ms:.2f} ms)")
+        lines.append(" ".join(parts))
+    for r in rows:
+        if r.section == "fused_linear" and "extra_vs_full_logits_pct" in r.extra:
+            lines.append(f"{r.path} N={r.n} V={r.v} H={r.h}: peak extra memory "
+                         f"{r.extra['extra_vs_full_logits_pct']:.1f}% of the full bf16 logits")
+    return lines
+
+
+def markdown(meta: dict, rows: list[Row], summary: list[str]) -> str:
+    out = [f"# Kernel benchmark ({meta['device_name']})", "",
+           f"Command: `{meta['command']}`  ", f"torch {meta['torch']}, triton {meta['triton']}, "
+           f"{meta['platform']}; times are medians, memory is peak extra over the inputs.", ""]
+    if not meta.get("complete", True):
+        out += ["**Partial run** (stopped before every shape was measured).", ""]
+    logits_rows = [r for r in rows if r.section == "logits"]
+    if logits_rows:
+        out += ["## logits [N, V] bf16 -> logp + entropy", "",
+                "| path | N | V | fwd ms | fwd GB/s | fwd peak MiB | fwd+bwd ms | fwd+bwd GB/s "
+                "| fwd+bwd peak MiB | note |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in logits_rows:
+            out.append(f"| {r.path} | {r.n} | {r.v} | {_fmt(r.fwd_ms)} | {_fmt(r.fwd_gbps, 1)} | "
+                       f"{_fmt(r.peak_fwd_mib, 0)} | {_fmt(r.step_ms)} | {_fmt(r.step_gbps, 1)} | "
+                       f"{_fmt(r.peak_step_mib, 0)} | {r.note} |")
+        out.append("")
+    fl_rows = [r for r in rows if r.section == "fused_linear"]
+    if fl_rows:
+        out += ["## fused linear: hidden [N, H] @ W[V, H] -> logp + entropy (fwd+bwd)", "",
+                "| path | N | H | V | fwd+bwd ms | TFLOP/s (6NHV) | peak extra MiB | % of full logits | note |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in fl_rows:
+            out.append(f"| {r.path} | {r.n} | {r.h} | {r.v} | {_fmt(r.step_ms)} | {_fmt(r.step_tflops, 2)} | "
+                       f"{_fmt(r.peak_step_mib, 0)} | {_fmt(r.extra.get('extra_vs_full_logits_pct'), 1)} | "
+                       f"{r.note} |")
+        out.append("")
+    if summary:
+        out += ["## summary", ""] + [f"- {line}" for line in summary] + [""]
+    return "\n".join(out)
+
+
+def atomic_write(path: pathlib.Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for item in text.split(","):
+        try:
+            n, v = item.lower().split("x")
+            shapes.append((int(n), int(v)))
+        except ValueError:
+            raise SystemExit(f"--shapes: expected NxV[,NxV...], got {item!r}") from None
+    return shapes
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", type=parse_shapes, help="comma-separated NxV logits shapes")
+    parser.add_argument("--quick", action="store_true", help="fewer shapes (GPU) / fewer repetitions (CPU)")
+    parser.add_argument("--cpu-small", action="store_true",
+                        help="small CPU shapes, torch paths only (the default without CUDA)")
+    parser.add_argument("--hidden", type=int, default=None, help="H of the fused-linear section (GPU 4096)")
+    parser.add_argument("--no-fused-linear", action="store_true", help="skip the fused-linear section")
+    parser.add_argument("--out", default=None, help="file stem under benchmarks/results (default kernels_<device>)")
+    args = parser.parse_args(argv)
+
+    device = "cuda" if torch.cuda.is_available() and not args.cpu_small else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        _pin_malloc_to_mmap()
+    if device == "cuda":
+        device_name = torch.cuda.get_device_name()
+        shapes = args.shapes or (QUICK_SHAPES if args.quick else FULL_SHAPES)
+        fl_shapes = [(4096, 151936)] if args.quick else [(4096, 151936), (16384, 151936)]
+        h_dim = args.hidden or 4096
+        fl_chunk = None  # library defaults
+        peak_tbs = next((tbs for key, tbs in HBM_PEAK_TBS.items() if key in device_name), None)
+    else:
+        device_name = f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+        shapes = args.shapes or CPU_SHAPES
+        fl_shapes = [(4096, 32000)]
+        h_dim = args.hidden or 256
+        fl_chunk = 256  # several token chunks at this small N
+        peak_tbs = None
+    meter = Meter(device, cpu_reps=2 if args.quick else 3)
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "n/a"
+    meta = {
+        "device": device,
+        "device_name": device_name,
+        "command": "python " + " ".join([pathlib.Path(sys.argv[0]).as_posix()] + (argv if argv is not None
+                                                                                 else sys.argv[1:])),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "platform": platform.platform(),
+        "hbm_peak_tbs": peak_tbs,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    stem = args.out or ("kernels_cpu" if device == "cpu" else "kernels_gpu")
+    rows: list[Row] = []
+
+    def save(complete: bool) -> str:
+        """Rewrite both result files (after every shape, so a run cut short still leaves its figures)."""
+        summary = summarize(rows, peak_tbs)
+        meta["complete"] = complete
+        md = markdown(meta, rows, summary)
+        payload = {"meta": meta, "rows": [asdict(r) for r in rows], "summary": summary}
+        atomic_write(RESULTS_DIR / f"{stem}.json", json.dumps(payload, indent=2) + "\n")
+        atomic_write(RESULTS_DIR / f"{stem}.md", md)
+        return md
+
+    print(f"benchmark on {device_name}: logits shapes {shapes}", flush=True)
+    for shape in shapes:
+        rows += bench_logits(meter, device, [shape])
+        save(complete=False)
+    if not args.no_fused_linear:
+        for shape in fl_shapes:
+            rows += bench_fused_linear(meter, device, [shape], h_dim, fl_chunk)
+            save(complete=False)
+    md = save(complete=True)
+    print(f"\nwrote {RESULTS_DIR / stem}.json and .md\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
