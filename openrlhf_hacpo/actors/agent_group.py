@@ -1,0 +1,373 @@
+"""Everything one agent is, behind one handle: its policy workers, its reference worker and its rollout engines.
+
+The controller talks to an agent only through its :class:`AgentGroup`. With Ray (the default) the workers are
+actors: ``dp_size`` :class:`~openrlhf_hacpo.actors.policy.PolicyActor` ranks forming the agent's own
+``torch.distributed`` group, an optional :class:`~openrlhf_hacpo.actors.reference.ReferenceActor` (when the KL
+coefficient is positive) and, for the ``vllm`` backend, ``vllm_num_engines`` vLLM engine actors. Without Ray
+(``use_ray=False``) one plain :class:`~openrlhf_hacpo.actors.policy.PolicyWorker` runs in the driver process.
+
+Methods that start work on the workers return a :class:`Pending`; ``Pending.result()`` waits for it. Starting the
+same phase on every agent before waiting on any makes the agents work concurrently. A worker that dies surfaces as
+:class:`AgentWorkerDied` naming the agent.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
+from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+
+__all__ = ["AgentGroup", "AgentWorkerDied", "Pending"]
+
+logger = logging.getLogger(__name__)
+
+
+class AgentWorkerDied(RuntimeError):
+    """A Ray actor of an agent died (process crash, OOM kill, node loss)."""
+
+    def __init__(self, agent: str, role: str, detail: str) -> None:
+        self.agent = agent
+        self.role = role
+        super().__init__(f"the {role} of agent {agent!r} died: {detail}")
+
+
+def _is_actor_death(err: BaseException) -> bool:
+    try:
+        import ray.exceptions as rex
+    except ImportError:  # pragma: no cover - ray is a dependency
+        return False
+    return isinstance(err, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError))
+
+
+class Pending:
+    """Work started on an agent's workers; :meth:`result` waits and combines the per-worker results."""
+
+    def __init__(self, group: "AgentGroup", role: str, parts: list[Any], combine: Callable[[list[Any]], Any],
+                 remote: bool) -> None:
+        self.group, self.role, self.parts, self.combine, self.remote = group, role, parts, combine, remote
+
+    def result(self) -> Any:
+        if not self.remote:
+            return self.combine(self.parts)
+        import ray
+
+        try:
+            values = ray.get(self.parts)
+        except Exception as err:
+            if _is_actor_death(err):
+                raise AgentWorkerDied(self.group.name, self.role, str(err).splitlines()[0]) from err
+            raise
+        return self.combine(values)
+
+
+def _split(items: Sequence[Any], parts: int) -> list[list[Any]]:
+    base, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        size = base + (1 if i < extra else 0)
+        out.append(list(items[start:start + size]))
+        start += size
+    return out
+
+
+class AgentGroup:
+    """One agent's workers.
+
+    Args:
+        cfg: the run configuration.
+        agent_index: this agent's index in ``cfg.agents``.
+        total_updates: optimizer updates of the whole run (learning-rate schedule).
+        use_gpu: place workers on GPUs (placement groups) instead of CPU processes.
+    """
+
+    def __init__(self, cfg: TrainConfig, agent_index: int, total_updates: int, use_gpu: bool = False) -> None:
+        self.cfg = cfg
+        self.index = agent_index
+        self.agent: AgentConfig = cfg.resolved_agents()[agent_index]
+        self.name = self.agent.name
+        self.total_updates = total_updates
+        self.use_gpu = use_gpu
+        self.use_ray = cfg.use_ray
+        self.needs_reference = cfg.algo.loss.kl_coef > 0
+        self.policies: list[Any] = []
+        self.reference: Any = None
+        self.engines: list[Any] = []
+        self._placement_group = None
+        self._broadcast_ready = False
+
+    # ------------------------------------------------------------------------------------------------ launch
+    def launch(self) -> Pending:
+        """Create the workers and start their setup (model loading, DeepSpeed init)."""
+        if not self.use_ray:
+            return self._launch_local()
+        return self._launch_ray()
+
+    def _launch_local(self) -> Pending:
+        from openrlhf_hacpo.actors.policy import PolicyWorker
+        from openrlhf_hacpo.actors.reference import ReferenceWorker
+
+        policy = PolicyWorker(self.cfg, self.index, total_updates=self.total_updates)
+        info = policy.setup()
+        self.policies = [policy]
+        if self.needs_reference:
+            self.reference = ReferenceWorker(self.agent.pretrain, bf16=self.agent.bf16,
+                                             attn_implementation=self.agent.attn_implementation,
+                                             pad_token_id=policy.pad_token_id,
+                                             micro_batch_size=self.cfg.micro_train_batch_size)
+            self.reference.setup()
+            policy.set_reference(self.reference)
+        return Pending(self, "policy", [info], lambda infos: infos, remote=False)
+
+    def _launch_ray(self) -> Pending:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from openrlhf_hacpo.actors.policy import PolicyActor
+        from openrlhf_hacpo.actors.reference import ReferenceActor
+
+        dp = self.agent.dp_size
+        colocate = self.cfg.colocate_all_models
+        strategies: list[dict[str, Any]] = [{} for _ in range(dp)]
+        ref_options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 0}
+        policy_gpus = 0.0
+        if self.use_gpu:
+            bundles = dp
+            if colocate and self.cfg.rollout_backend == "vllm":
+                bundles = max(dp, self.agent.vllm_num_engines * self.agent.vllm_tensor_parallel_size)
+            self._placement_group = placement_group([{"GPU": 1, "CPU": 1}] * bundles, strategy="PACK")
+            ray.get(self._placement_group.ready())
+            shares = 1 + int(self.needs_reference) + int(colocate and self.cfg.rollout_backend == "vllm")
+            policy_gpus = 1.0 / shares if shares > 1 else 1.0
+            strategies = [{"scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self._placement_group, placement_group_bundle_index=r)} for r in range(dp)]
+            ref_options = {"num_cpus": 0, "num_gpus": 1.0 / shares, "scheduling_strategy":
+                           PlacementGroupSchedulingStrategy(placement_group=self._placement_group,
+                                                            placement_group_bundle_index=0)}
+        self.policies = [PolicyActor.options(num_cpus=0, num_gpus=policy_gpus, **strategies[r]).remote(
+            self.cfg, self.index, r, dp, None, None, self.total_updates) for r in range(dp)]
+        addr, port = ray.get(self.policies[0].get_master_addr_port.remote()) if dp > 1 else (None, None)
+        refs = [p.setup.remote(addr, port) for p in self.policies]
+        if self.needs_reference:
+            self.reference = ReferenceActor.options(**ref_options).remote(
+                self.agent.pretrain, bf16=self.agent.bf16, attn_implementation=self.agent.attn_implementation,
+                pad_token_id=0, micro_batch_size=self.cfg.micro_train_batch_size)
+            refs.append(self.reference.setup.remote())
+        if self.cfg.rollout_backend == "vllm":
+            self._create_engines()
+        n_policy = len(self.policies)
+
+        def combine(values: list[Any]) -> list[dict[str, Any]]:
+            if self.reference is not None:
+                ray.get([p.set_reference.remote(self.reference) for p in self.policies])
+            return values[:n_policy]
+
+        return Pending(self, "policy", refs, combine, remote=True)
+
+    def _create_engines(self) -> None:
+        from openrlhf_hacpo.engines.vllm_engine import create_vllm_engines
+
+        agent = self.agent
+        kwargs: dict[str, Any] = dict(
+            dtype="bfloat16" if agent.bf16 else "float32",
+            enforce_eager=self.cfg.vllm_enforce_eager,
+            gpu_memory_utilization=self.cfg.vllm_gpu_memory_utilization,
+        )
+        if self.use_gpu and self.cfg.colocate_all_models:
+            kwargs.update(shared_placement_group=self._placement_group, num_gpus_per_engine=0.2)
+        self.engines = create_vllm_engines(
+            agent.vllm_num_engines, agent.vllm_tensor_parallel_size, agent.pretrain,
+            seed=self.cfg.seed + 1000 * self.index,
+            max_model_len=self.cfg.prompt_max_len + self.cfg.generate_max_len,
+            use_gpu=self.use_gpu, num_cpus_per_engine=1.0 if self.use_gpu else 0.0,
+            name_prefix=None, **kwargs)
+
+    # ------------------------------------------------------------------------------------------------ calls
+    def _call(self, workers: Sequence[Any], method: str, args_per_worker: Sequence[tuple], role: str,
+              combine: Callable[[list[Any]], Any], kwargs_per_worker: Sequence[dict] | None = None) -> Pending:
+        kwargs_per_worker = kwargs_per_worker or [{} for _ in workers]
+        if not self.use_ray:
+            values = [getattr(w, method)(*a, **kw) for w, a, kw in zip(workers, args_per_worker, kwargs_per_worker)]
+            return Pending(self, role, values, combine, remote=False)
+        try:
+            refs = [getattr(w, method).remote(*a, **kw)
+                    for w, a, kw in zip(workers, args_per_worker, kwargs_per_worker)]
+        except Exception as err:
+            if _is_actor_death(err):
+                raise AgentWorkerDied(self.name, role, str(err).splitlines()[0]) from err
+            raise
+        return Pending(self, role, refs, combine, remote=True)
+
+    def _all_policies(self, method: str, *args: Any, combine: Callable[[list[Any]], Any] = lambda v: v[0]) -> Pending:
+        return self._call(self.policies, method, [args] * len(self.policies), "policy", combine)
+
+    def rollout(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> Pending:
+        """Sample ``sampling.n`` responses per prompt and return the agent's trajectories (not yet verified).
+
+        The result is ``{"trajectories", "generate_s", "logprob_s", "generated_tokens"}``.
+        """
+        if self.cfg.rollout_backend == "vllm":
+            return self._rollout_vllm(prompts, sampling, step)
+        shards = _split(prompts, len(self.policies))
+        args = [(shard, _shard_sampling(sampling, rank), step) for rank, shard in enumerate(shards)]
+
+        def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+            return {
+                "trajectories": [t for p in parts for t in p["trajectories"]],
+                "generate_s": max(p["generate_s"] for p in parts),
+                "logprob_s": max(p["logprob_s"] for p in parts),
+                "generated_tokens": sum(p["generated_tokens"] for p in parts),
+            }
+
+        return self._call(self.policies, "rollout", args, "policy", combine)
+
+    def _rollout_vllm(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> Pending:
+        """Engines sample; the policy ranks then score the responses. The result of the returned pending is a second
+        :class:`Pending` (the scoring), so the controller's ``wait_all`` overlaps both phases across agents."""
+        import time
+
+        t0 = time.perf_counter()
+        generation = self.generate(prompts, sampling)
+
+        def score(outputs: list[GenerationOutput]) -> Pending:
+            generate_s = time.perf_counter() - t0
+            shards = _split(list(range(len(prompts))), len(self.policies))
+            args = []
+            for shard in shards:
+                local = {p: i for i, p in enumerate(shard)}
+                outs = [_reindex(o, local[o.prompt_index]) for o in outputs if o.prompt_index in local]
+                args.append(([prompts[p] for p in shard], outs, step))
+            tokens = sum(o.num_tokens for o in outputs)
+
+            def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+                return {"trajectories": [t for p in parts for t in p["trajectories"]], "generate_s": generate_s,
+                        "logprob_s": max(p["logprob_s"] for p in parts), "generated_tokens": tokens}
+
+            return self._call(self.policies, "make_trajectories", args, "policy", combine)
+
+        return Pending(self, generation.role, generation.parts, lambda values: score(generation.combine(values)),
+                       generation.remote)
+
+    def generate(self, prompts: Sequence[Any], sampling: SamplingConfig) -> Pending:
+        """Responses only (no scoring), prompt-major like :meth:`RolloutEngine.generate`; used for evaluation."""
+        if self.cfg.rollout_backend == "vllm":
+            prompt_ids = self.render_prompts(prompts)
+            shards = _split(list(range(len(prompts))), len(self.engines))
+            args = [([prompt_ids[i] for i in shard], _shard_sampling(sampling, e)) for e, shard in enumerate(shards)]
+            workers, role = self.engines, "vLLM engine"
+        else:
+            shards = _split(list(range(len(prompts))), len(self.policies))
+            args = [([prompts[i] for i in shard], _shard_sampling(sampling, r)) for r, shard in enumerate(shards)]
+            workers, role = self.policies, "policy"
+
+        def combine(parts: list[list[GenerationOutput]]) -> list[GenerationOutput]:
+            out = []
+            for shard, outs in zip(shards, parts):
+                out.extend(_reindex(o, shard[o.prompt_index]) for o in outs)
+            return out
+
+        live = [(w, a, s) for w, a, s in zip(workers, args, shards) if s]
+        shards = [s for _, _, s in live]
+        return self._call([w for w, _, _ in live], "generate", [a for _, a, _ in live], role, combine)
+
+    def render_prompts(self, prompts: Sequence[Any]) -> list[list[int]]:
+        """Prompt ids as this agent generates from them (its chat template, left-truncated)."""
+        return self._call(self.policies[:1], "render_prompts", [(list(prompts),)], "policy",
+                          lambda v: v[0]).result()
+
+    def render_prompt_texts(self, prompts: Sequence[Any]) -> list[str]:
+        """Prompt texts as this agent's model reads them."""
+        return self._call(self.policies[:1], "render_prompt_texts", [(list(prompts),)], "policy",
+                          lambda v: v[0]).result()
+
+    def train_step(self, trajectories: Any, step: int, ratio_matrix: list[list[float]]) -> Pending:
+        """Start this learner's update on the step's trajectories (a list, or a Ray object reference to one shared by
+        every learner); the result merges every rank's metrics."""
+        from openrlhf_hacpo.actors.policy import merge_weighted
+
+        def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+            return {
+                "metrics": merge_weighted([p["metrics"] for p in parts]),
+                "skipped_updates": parts[0]["skipped_updates"],
+                "skipped_updates_total": parts[0]["skipped_updates_total"],
+                "updates": parts[0]["updates"],
+                "timings": {k: max(p["timings"][k] for p in parts) for k in parts[0]["timings"]},
+            }
+
+        if self.use_ray and isinstance(trajectories, (list, tuple)):
+            import ray
+
+            trajectories = ray.put(list(trajectories))  # one copy for all ranks
+        return self._all_policies("train_step", trajectories, step, ratio_matrix, combine=combine)
+
+    def sync_weights(self) -> float:
+        """Copy the policy's weights into the agent's vLLM engines; returns seconds spent (0 without engines).
+
+        GPU: a NCCL broadcast group from policy rank 0 to every engine worker; CPU (and colocated GPU engines): one
+        copy through the Ray object store."""
+        import time
+
+        if not self.engines:
+            return 0.0
+        t0 = time.perf_counter()
+        # NCCL cannot link two processes on one GPU: colocated engines take the object-store path
+        mode = "broadcast" if self.use_gpu and not self.cfg.colocate_all_models else "object_store"
+        if mode == "broadcast" and not self._broadcast_ready:
+            self._call(self.policies[:1], "init_engine_weight_sync", [(self.engines,)], "policy",
+                       lambda v: v[0]).result()
+            self._broadcast_ready = True
+        self._all_policies("sync_weights_to_engines", self.engines, mode).result()
+        return time.perf_counter() - t0
+
+    def weights(self) -> dict[str, Any]:
+        """The policy's full weights by HF name, on CPU."""
+        return self._all_policies("state_dict_for_sync").result()
+
+    def save_hf(self, path: str) -> Pending:
+        return self._all_policies("save_hf", path)
+
+    def save_checkpoint(self, path: str) -> Pending:
+        return self._all_policies("save_checkpoint", path)
+
+    def load_checkpoint(self, path: str) -> Pending:
+        return self._all_policies("load_checkpoint", path)
+
+    def inject_nonfinite_loss(self, step: int, update_index: int) -> None:
+        """Test hook: the given update's loss becomes NaN on every rank (see ``PolicyWorker.inject_nonfinite_loss``)."""
+        self._all_policies("inject_nonfinite_loss", step, update_index).result()
+
+    def shutdown(self) -> None:
+        """Kill this agent's actors (a no-op without Ray)."""
+        if not self.use_ray:
+            return
+        import ray
+
+        for actor in [*self.policies, self.reference, *self.engines]:
+            if actor is not None:
+                try:
+                    ray.kill(actor)
+                except Exception:  # noqa: BLE001 - already dead
+                    pass
+        if self._placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._placement_group)
+            self._placement_group = None
+
+
+def _shard_sampling(sampling: SamplingConfig, shard: int) -> SamplingConfig:
+    """Shard ``shard`` of a seeded call gets its own derived seed (shard 0 keeps the call's seed)."""
+    if sampling.seed is None or shard == 0:
+        return sampling
+    from dataclasses import replace
+
+    from openrlhf_hacpo.engines.base import derive_seed
+
+    return replace(sampling, seed=derive_seed(sampling.seed, "shard", shard))
+
+
+def _reindex(output: GenerationOutput, prompt_index: int) -> GenerationOutput:
+    from dataclasses import replace
+
+    return replace(output, prompt_index=prompt_index)

@@ -1,0 +1,1 @@
+"""Command-line entry points (``python -m openrlhf_hacpo.cli.<name>``)."""

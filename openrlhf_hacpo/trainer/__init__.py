@@ -1,0 +1,21 @@
+"""The controller's step loop, run configuration, checkpoints, metric sinks and evaluation."""
+from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+
+_LAZY = {
+    "HACPOController": "openrlhf_hacpo.trainer.controller",
+    "TrainingError": "openrlhf_hacpo.trainer.controller",
+    "CheckpointManager": "openrlhf_hacpo.trainer.checkpoint",
+    "MetricsLogger": "openrlhf_hacpo.trainer.metrics",
+    "Evaluator": "openrlhf_hacpo.trainer.evaluation",
+    "pass_at_k": "openrlhf_hacpo.trainer.evaluation",
+}
+
+__all__ = ["AgentConfig", "TrainConfig", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'openrlhf_hacpo.trainer' has no attribute {name!r}")

@@ -1,0 +1,441 @@
+"""Typed configuration of a training run: the run-wide :class:`TrainConfig` with one :class:`AgentConfig` per agent
+and the algorithm's :class:`~openrlhf_hacpo.algorithms.HACPOConfig`.
+
+Per-agent settings left at ``None`` inherit the run-wide value of the same meaning (``learning_rate`` from
+``actor_learning_rate``, ``zero_stage``, ``bf16``, ``gradient_checkpointing``, ``dp_size`` from
+``actor_num_gpus_per_node``, ``vllm_num_engines``, ``vllm_tensor_parallel_size``); :meth:`TrainConfig.resolved_agents`
+returns the agents with every such field filled in. Every dataclass validates itself on construction and raises
+``ValueError`` naming the field (``agents[1].zero_stage``, ``train_batch_size``, ...).
+
+Batch sizes follow OpenRLHF's meaning:
+
+* ``rollout_batch_size`` prompts per step, each answered ``n_samples_per_prompt`` (G) times by every agent;
+* a learner's batch holds its own ``rollout_batch_size · G`` rows (``gspo`` / ``grpo``) or every agent's rows,
+  ``n_agents · rollout_batch_size · G`` (``hacpo`` / ``naive``);
+* ``train_batch_size`` rows per optimizer update (global over the agent's data-parallel workers), so a learner takes
+  ``max_epochs · rows / train_batch_size`` updates per step, numbered m = 0, 1, ... for stepwise clipping (eq. 14);
+* ``micro_train_batch_size`` rows per forward/backward on one worker (gradient accumulation inside an update).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from openrlhf_hacpo.algorithms import HACPOConfig
+
+__all__ = [
+    "AGENT_FIELDS",
+    "ROLLOUT_BACKENDS",
+    "LR_SCHEDULERS",
+    "AgentConfig",
+    "TrainConfig",
+]
+
+ROLLOUT_BACKENDS = ("hf", "vllm")
+LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
+MINIBATCH_ORDERS = ("own_first", "stratified", "shuffle")
+EOS_POLICIES = ("drop", "keep")
+DEVICES = ("auto", "cpu", "cuda")
+WANDB_MODES = ("online", "offline", "disabled")
+_AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _fail(where: str, rule: str, value: Any) -> None:
+    raise ValueError(f"{where} must be {rule}, got {value!r}")
+
+
+def _check_int(where: str, value: Any, minimum: int | None = None, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(where, "an int", value)
+    if minimum is not None and value < minimum:
+        _fail(where, f">= {minimum}", value)
+
+
+def _check_real(where: str, value: Any, low: float | None = None, high: float | None = None,
+                low_open: bool = False, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        _fail(where, "a finite number", value)
+    if low is not None and (value <= low if low_open else value < low):
+        _fail(where, f"{'>' if low_open else '>='} {low}", value)
+    if high is not None and value > high:
+        _fail(where, f"<= {high}", value)
+
+
+def _check_bool(where: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, bool):
+        _fail(where, "a bool", value)
+
+
+def _check_choice(where: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(where, f"one of {list(choices)}", value)
+
+
+def _check_str(where: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, str) or not value:
+        _fail(where, "a non-empty string", value)
+
+
+@dataclass
+class AgentConfig:
+    """One agent: its model, tokenizer and the settings that may differ between agents.
+
+    * ``name``: used in logs, metrics and output folders (``hf/<name>/``); letters, digits, ``_.-``.
+    * ``pretrain``: Hugging Face model folder or hub id of the policy (and of the reference model).
+    * ``tokenizer``: tokenizer folder or id; defaults to ``pretrain``.
+    * ``chat_template``: a Jinja template (text, or a path to a file holding it) replacing the tokenizer's own.
+    * ``learning_rate``, ``zero_stage``, ``bf16``, ``gradient_checkpointing``: optimizer and DeepSpeed settings.
+    * ``dp_size``: data-parallel policy workers (one GPU each on GPU machines, one process each on CPU).
+    * ``vllm_num_engines`` / ``vllm_tensor_parallel_size``: this agent's vLLM rollout engines (``vllm`` backend).
+    * ``attn_implementation``: passed to ``from_pretrained`` (``sdpa``, ``eager``, ``flash_attention_2``).
+    """
+
+    name: str
+    pretrain: str
+    tokenizer: str | None = None
+    chat_template: str | None = None
+    learning_rate: float | None = None
+    zero_stage: int | None = None
+    bf16: bool | None = None
+    gradient_checkpointing: bool | None = None
+    dp_size: int | None = None
+    vllm_num_engines: int | None = None
+    vllm_tensor_parallel_size: int | None = None
+    attn_implementation: str | None = None
+
+    def __post_init__(self) -> None:
+        self.validate("AgentConfig")
+
+    def validate(self, where: str = "AgentConfig") -> None:
+        _check_str(f"{where}.name", self.name)
+        if not _AGENT_NAME.match(self.name):
+            _fail(f"{where}.name", "letters, digits, '_', '.', '-' (starting with a letter or digit)", self.name)
+        _check_str(f"{where}.pretrain", self.pretrain)
+        _check_str(f"{where}.tokenizer", self.tokenizer, allow_none=True)
+        _check_str(f"{where}.chat_template", self.chat_template, allow_none=True)
+        _check_real(f"{where}.learning_rate", self.learning_rate, low=0.0, allow_none=True)
+        if self.zero_stage is not None:
+            _check_int(f"{where}.zero_stage", self.zero_stage, 0)
+            if self.zero_stage > 3:
+                _fail(f"{where}.zero_stage", "0, 1, 2 or 3", self.zero_stage)
+        _check_bool(f"{where}.bf16", self.bf16, allow_none=True)
+        _check_bool(f"{where}.gradient_checkpointing", self.gradient_checkpointing, allow_none=True)
+        _check_int(f"{where}.dp_size", self.dp_size, 1, allow_none=True)
+        _check_int(f"{where}.vllm_num_engines", self.vllm_num_engines, 0, allow_none=True)
+        _check_int(f"{where}.vllm_tensor_parallel_size", self.vllm_tensor_parallel_size, 1, allow_none=True)
+        _check_str(f"{where}.attn_implementation", self.attn_implementation, allow_none=True)
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer or self.pretrain
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "agent") -> "AgentConfig":
+        """Build from a mapping (a YAML entry or parsed ``--agent`` string); unknown keys raise ``ValueError``."""
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ValueError(f"{where}: unknown agent setting(s) {unknown}; known settings: {known}")
+        for required in ("name", "pretrain"):
+            if required not in data:
+                raise ValueError(f"{where}: missing the required setting {required!r}")
+        return cls(**dict(data))
+
+
+AGENT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AgentConfig))
+
+# agent field -> run-wide field it inherits from when left at None
+_INHERITED = {
+    "learning_rate": "actor_learning_rate",
+    "zero_stage": "zero_stage",
+    "bf16": "bf16",
+    "gradient_checkpointing": "gradient_checkpointing",
+    "dp_size": "actor_num_gpus_per_node",
+    "vllm_num_engines": "vllm_num_engines",
+    "vllm_tensor_parallel_size": "vllm_tensor_parallel_size",
+    "attn_implementation": "attn_implementation",
+}
+
+
+@dataclass
+class TrainConfig:
+    """Everything one run needs; built from the command line by ``openrlhf_hacpo.cli.train_hacpo.build_config``."""
+
+    agents: list[AgentConfig]
+    algo: HACPOConfig = field(default_factory=HACPOConfig)
+
+    # -- prompts
+    prompt_data: str = ""
+    prompt_split: str = "train"
+    input_key: str = "input"
+    label_key: str = "label"
+    max_samples: int | None = None
+    apply_chat_template: bool = False
+    enable_thinking: bool | None = False
+    prompt_max_len: int = 1024
+    generate_max_len: int = 1024
+
+    # -- rollout
+    rollout_backend: str = "hf"
+    n_samples_per_prompt: int = 8
+    rollout_batch_size: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    eos_policy: str = "drop"
+    vllm_num_engines: int = 1
+    vllm_tensor_parallel_size: int = 1
+    vllm_gpu_memory_utilization: float = 0.5
+    vllm_enforce_eager: bool = True
+    colocate_all_models: bool = False
+
+    # -- rewards
+    reward_fn: str = "boxed_math"
+    reward_num_workers: int = 1
+    reward_timeout: float | None = 300.0
+
+    # -- optimisation
+    train_batch_size: int = 512
+    micro_train_batch_size: int = 8
+    max_epochs: int = 1
+    num_episodes: int = 1
+    max_steps: int | None = None
+    minibatch_order: str = "stratified"
+    actor_learning_rate: float = 1e-6
+    lr_scheduler: str = "constant_with_warmup"
+    lr_warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+    max_norm: float = 1.0
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    l2: float = 0.01
+    zero_stage: int = 2
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+    attn_implementation: str = "sdpa"
+    actor_num_gpus_per_node: int = 1
+    device: str = "auto"
+
+    # -- outputs
+    save_path: str = "./runs/hacpo"
+    ckpt_path: str | None = None
+    save_steps: int = -1
+    max_ckpt_num: int = 3
+    save_hf: bool = True
+    save_rollouts: bool = False
+    logging_steps: int = 1
+    use_tensorboard: str | None = None
+    use_wandb: bool = False
+    wandb_project: str = "openrlhf-hacpo"
+    wandb_run_name: str | None = None
+    wandb_mode: str = "offline"
+    progress_bar: bool = True
+
+    # -- evaluation
+    eval_data: str | None = None
+    eval_split: str = "test"
+    eval_steps: int = -1
+    eval_n_samples: int = 1
+    eval_temperature: float = 1.0
+    eval_max_samples: int | None = None
+    eval_generate_max_len: int | None = None
+
+    # -- misc
+    seed: int = 42
+    resume: bool = False
+    use_ray: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.adam_betas, list):
+            self.adam_betas = tuple(self.adam_betas)
+        self.validate()
+
+    # ------------------------------------------------------------------------------------------------ validation
+    def validate(self) -> None:
+        if not isinstance(self.agents, (list, tuple)) or not self.agents:
+            raise ValueError("agents must name at least one agent (--agent name=...,pretrain=... or --agents_config)")
+        self.agents = list(self.agents)
+        names = []
+        for i, agent in enumerate(self.agents):
+            if not isinstance(agent, AgentConfig):
+                _fail(f"agents[{i}]", "an AgentConfig", agent)
+            agent.validate(f"agents[{i}] ({agent.name!r})" if isinstance(agent.name, str) else f"agents[{i}]")
+            names.append(agent.name)
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"agents: agent names must be unique, {duplicates} appear more than once")
+        if not isinstance(self.algo, HACPOConfig):
+            _fail("algo", "a HACPOConfig", self.algo)
+        self.algo.validate()
+
+        _check_str("prompt_data", self.prompt_data)
+        for name in ("prompt_split", "input_key", "label_key", "reward_fn", "save_path", "wandb_project",
+                     "eval_split", "attn_implementation"):
+            _check_str(name, getattr(self, name))
+        for name in ("ckpt_path", "use_tensorboard", "wandb_run_name", "eval_data"):
+            _check_str(name, getattr(self, name), allow_none=True)
+        for name in ("apply_chat_template", "vllm_enforce_eager", "colocate_all_models", "bf16",
+                     "gradient_checkpointing", "save_hf", "save_rollouts", "use_wandb", "progress_bar", "resume",
+                     "use_ray"):
+            _check_bool(name, getattr(self, name))
+        _check_bool("enable_thinking", self.enable_thinking, allow_none=True)
+        for name in ("prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size",
+                     "train_batch_size", "micro_train_batch_size", "max_epochs", "num_episodes", "logging_steps",
+                     "eval_n_samples", "vllm_tensor_parallel_size", "actor_num_gpus_per_node", "max_ckpt_num"):
+            _check_int(name, getattr(self, name), 1)
+        for name in ("max_samples", "max_steps", "eval_max_samples", "eval_generate_max_len"):
+            _check_int(name, getattr(self, name), 1, allow_none=True)
+        for name in ("lr_warmup_steps", "reward_num_workers", "vllm_num_engines"):
+            _check_int(name, getattr(self, name), 0)
+        _check_int("seed", self.seed)
+        _check_int("top_k", self.top_k)
+        if self.top_k == 0 or self.top_k < -1:
+            _fail("top_k", "-1 (disabled) or >= 1", self.top_k)
+        for name in ("save_steps", "eval_steps"):
+            _check_int(name, getattr(self, name))
+            if getattr(self, name) == 0 or getattr(self, name) < -1:
+                _fail(name, "-1 (never) or >= 1", getattr(self, name))
+        _check_real("temperature", self.temperature, low=0.0, low_open=True)
+        _check_real("eval_temperature", self.eval_temperature, low=0.0, low_open=True)
+        _check_real("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        _check_real("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, low=0.0, high=1.0,
+                    low_open=True)
+        _check_real("reward_timeout", self.reward_timeout, low=0.0, low_open=True, allow_none=True)
+        _check_real("actor_learning_rate", self.actor_learning_rate, low=0.0)
+        _check_real("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        _check_real("max_norm", self.max_norm, low=0.0)
+        _check_real("l2", self.l2, low=0.0)
+        if (not isinstance(self.adam_betas, tuple) or len(self.adam_betas) != 2
+                or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0
+                           for b in self.adam_betas)):
+            _fail("adam_betas", "two numbers in [0, 1)", self.adam_betas)
+        _check_int("zero_stage", self.zero_stage, 0)
+        if self.zero_stage > 3:
+            _fail("zero_stage", "0, 1, 2 or 3", self.zero_stage)
+        _check_choice("rollout_backend", self.rollout_backend, ROLLOUT_BACKENDS)
+        _check_choice("eos_policy", self.eos_policy, EOS_POLICIES)
+        _check_choice("lr_scheduler", self.lr_scheduler, LR_SCHEDULERS)
+        _check_choice("minibatch_order", self.minibatch_order, MINIBATCH_ORDERS)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("wandb_mode", self.wandb_mode, WANDB_MODES)
+        if self.reward_timeout is not None and self.reward_num_workers == 0:
+            raise ValueError("reward_timeout needs reward_num_workers >= 1 (an in-process reward cannot be stopped); "
+                             "set reward_timeout to None or use worker processes")
+        self._validate_combinations()
+
+    def _validate_combinations(self) -> None:
+        algo = self.algo
+        if algo.algorithm in ("hacpo", "naive") and algo.loss.ratio_level == "token":
+            raise ValueError(
+                f"ratio_level='token' is incompatible with algorithm={algo.algorithm!r}: foreign rows carry only the "
+                "source's sequence-mean old log-prob (use ratio_level='sequence', or gspo / grpo)"
+            )
+        if not self.use_ray:
+            for agent in self.resolved_agents():
+                if agent.dp_size != 1:
+                    raise ValueError(f"agents[{agent.name!r}].dp_size={agent.dp_size} needs Ray (use_ray=True); "
+                                     "without Ray every agent runs one worker in the driver process")
+            if self.rollout_backend == "vllm":
+                raise ValueError("rollout_backend='vllm' needs Ray (use_ray=True): vLLM engines run as Ray actors")
+        rows = self.rows_per_learner
+        if rows % self.train_batch_size:
+            raise ValueError(
+                f"train_batch_size={self.train_batch_size} must divide the rows each learner trains on per step, "
+                f"{rows} = {self._rows_formula()}"
+            )
+        for agent in self.resolved_agents():
+            per_update = self.micro_train_batch_size * agent.dp_size
+            if self.train_batch_size % per_update:
+                raise ValueError(
+                    f"train_batch_size={self.train_batch_size} must be divisible by micro_train_batch_size × dp_size "
+                    f"= {self.micro_train_batch_size} × {agent.dp_size} of agent {agent.name!r}"
+                )
+            if agent.zero_stage == 3 and agent.dp_size > 1 and self.rollout_batch_size % agent.dp_size:
+                raise ValueError(
+                    f"agent {agent.name!r}: with zero_stage=3 every worker must run the same number of forward "
+                    f"passes, so rollout_batch_size={self.rollout_batch_size} must be divisible by "
+                    f"dp_size={agent.dp_size}")
+            if self.rollout_backend == "vllm" and agent.vllm_num_engines < 1:
+                raise ValueError(f"agent {agent.name!r}: rollout_backend='vllm' needs vllm_num_engines >= 1")
+        if self.eval_steps != -1 and self.eval_data is None:
+            raise ValueError("eval_steps is set but eval_data is not: give --eval_data with --eval_steps")
+
+    # ------------------------------------------------------------------------------------------------ derived
+    @property
+    def num_agents(self) -> int:
+        return len(self.agents)
+
+    @property
+    def agent_names(self) -> list[str]:
+        return [a.name for a in self.agents]
+
+    @property
+    def trains_on_foreign(self) -> bool:
+        return self.algo.trains_on_foreign
+
+    @property
+    def rows_per_learner(self) -> int:
+        """Rows in one learner's batch per step (own only for gspo / grpo, every agent's for hacpo / naive)."""
+        sources = self.num_agents if self.trains_on_foreign else 1
+        return sources * self.rollout_batch_size * self.n_samples_per_prompt
+
+    def _rows_formula(self) -> str:
+        sources = f"{self.num_agents} agents × " if self.trains_on_foreign else ""
+        return (f"{sources}rollout_batch_size {self.rollout_batch_size} × n_samples_per_prompt "
+                f"{self.n_samples_per_prompt}")
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per learner per step: max_epochs × rows / train_batch_size."""
+        return self.max_epochs * self.rows_per_learner // self.train_batch_size
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.ckpt_path or os.path.join(self.save_path, "checkpoints")
+
+    def resolved_agents(self) -> list[AgentConfig]:
+        """The agents with every inherited setting (``None``) replaced by the run-wide value."""
+        out = []
+        for agent in self.agents:
+            values = {name: getattr(self, run_wide) for name, run_wide in _INHERITED.items()
+                      if getattr(agent, name) is None}
+            out.append(dataclasses.replace(agent, **values))
+        return out
+
+    def agent(self, name: str) -> AgentConfig:
+        """The resolved settings of the agent called ``name``."""
+        for agent in self.resolved_agents():
+            if agent.name == name:
+                return agent
+        raise KeyError(f"no agent named {name!r}; agents: {self.agent_names}")
+
+    # ------------------------------------------------------------------------------------------------ persistence
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["adam_betas"] = list(self.adam_betas)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrainConfig":
+        """Inverse of :meth:`to_dict`; unknown keys raise ``ValueError``."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"TrainConfig has no field(s) {unknown}")
+        values = dict(data)
+        values["agents"] = [AgentConfig.from_dict(a, f"agents[{i}]") for i, a in enumerate(data.get("agents", []))]
+        if "algo" in values:
+            algo = values["algo"]
+            values["algo"] = algo if isinstance(algo, HACPOConfig) else HACPOConfig.from_dict(algo)
+        return cls(**values)

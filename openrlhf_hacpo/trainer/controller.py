@@ -1,0 +1,383 @@
+"""The driver's step loop: N agents sample, share and learn (spec §4, paper Algorithm 1).
+
+One step t:
+
+1. **rollout**: every agent samples G responses for the same prompt batch, concurrently; each agent's policy
+   recomputes the old log-probs of its own responses at the rollout temperature (spec §3.c);
+2. **reward**: every response is verified once, from its source's text (spec §3.c), and stored in the shared
+   :class:`~openrlhf_hacpo.rollout.RolloutStore`;
+3. **capability**: the tracker appends each agent's P_τ and gives P̂ and the clipped ratio matrix (eqs. 8–9);
+4. **update**: every learner, concurrently, trains on its view of the step's trajectories (own and, for
+   ``hacpo`` / ``naive``, foreign) with mini-batch updates m = 0, 1, ...; all learners use the same pre-step
+   snapshots, so their order cannot matter (spec §7.18);
+5. **sync**: updated weights go to the agent's vLLM engines (``vllm`` backend);
+6. **bookkeeping**: one metrics record per agent, periodic evaluation, joint checkpoints.
+
+Sampling is seeded by (run seed, step, agent), so a run resumed from a checkpoint samples exactly what an
+uninterrupted run would have.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from openrlhf_hacpo.actors.agent_group import AgentGroup, AgentWorkerDied, Pending
+from openrlhf_hacpo.algorithms import CapabilityTracker
+from openrlhf_hacpo.data.prompts import PromptDataLoader, load_prompt_dataset
+from openrlhf_hacpo.engines.base import SamplingConfig, derive_seed
+from openrlhf_hacpo.rollout import RewardFunctionError, RewardRunner, RolloutStore, get_reward_fn
+from openrlhf_hacpo.trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from openrlhf_hacpo.trainer.config import TrainConfig
+from openrlhf_hacpo.trainer.evaluation import Evaluator
+from openrlhf_hacpo.trainer.metrics import MetricsLogger
+
+__all__ = ["HACPOController", "TrainingError", "wait_all"]
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingError(RuntimeError):
+    """A step could not complete; the message says what failed, for which agent, and where to resume from."""
+
+
+def wait_all(pendings: Sequence[Pending]) -> list[Any]:
+    """Wait for every pending result; a result that is itself pending (a second phase) is waited for in a second
+    pass, so the second phases of all agents run concurrently too."""
+    results = [p.result() for p in pendings]
+    while any(isinstance(r, Pending) for r in results):
+        results = [r.result() if isinstance(r, Pending) else r for r in results]
+    return results
+
+
+class HACPOController:
+    """Owns the data loader, the shared rollout store, the capability tracker, checkpoints and the agents' groups.
+
+    ``fit()`` runs the whole training; ``setup()`` (called by ``fit``) checks every input first: model and tokenizer
+    paths, chat templates, the datasets and the reward function, each error naming the agent or file at fault.
+    """
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.cfg = cfg
+        self.groups: list[AgentGroup] = []
+        self.step = 0
+        self.store = RolloutStore(keep_last_steps=1)
+        self.tracker = CapabilityTracker(cfg.num_agents, cfg.algo.capability)
+        self.ckpt = CheckpointManager(cfg.checkpoint_dir, max_keep=cfg.max_ckpt_num)
+        self.history: list[list[dict[str, Any]]] = []
+        self.eval_history: list[list[dict[str, Any]]] = []
+        self.last_checkpoint: Path | None = None
+        self.reward_runner: RewardRunner | None = None
+        self.metrics: MetricsLogger | None = None
+        self.evaluator: Evaluator | None = None
+        self._started_ray = False
+        self._ready = False
+
+    # ------------------------------------------------------------------------------------------------ setup
+    def preflight(self) -> None:
+        """Check inputs before any worker starts: tokenizers, chat templates, model configs, data, reward."""
+        from transformers import AutoConfig
+
+        from openrlhf_hacpo.actors.policy import looks_like_local_path, load_tokenizer
+
+        cfg = self.cfg
+        for agent in cfg.resolved_agents():
+            tokenizer = load_tokenizer(agent)
+            if cfg.apply_chat_template and getattr(tokenizer, "chat_template", None) is None:
+                raise ValueError(
+                    f"agent {agent.name!r}: tokenizer {agent.tokenizer_path!r} has no chat template but "
+                    "--apply_chat_template is set (give the agent a chat_template=... or drop the flag)")
+            if looks_like_local_path(agent.pretrain) and not os.path.exists(agent.pretrain):
+                raise FileNotFoundError(f"agent {agent.name!r}: model path {agent.pretrain!r} does not exist")
+            try:
+                AutoConfig.from_pretrained(agent.pretrain)
+            except (OSError, ValueError) as err:
+                raise FileNotFoundError(f"agent {agent.name!r}: cannot load the model from {agent.pretrain!r}: "
+                                        f"{err}") from err
+            if cfg.rollout_backend == "vllm" and not os.path.isdir(agent.pretrain):
+                raise FileNotFoundError(f"agent {agent.name!r}: the vllm backend needs a local model folder, "
+                                        f"{agent.pretrain!r} is not one")
+        get_reward_fn(cfg.reward_fn)
+        if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
+            raise ImportError("--use_wandb needs the wandb package: pip install 'openrlhf-hacpo[wandb]'")
+        records = load_prompt_dataset(cfg.prompt_data, cfg.input_key, cfg.label_key, cfg.prompt_split,
+                                      cfg.max_samples)
+        if len(records) < cfg.rollout_batch_size:
+            raise ValueError(f"prompt dataset {cfg.prompt_data} has {len(records)} prompts, fewer than "
+                             f"rollout_batch_size={cfg.rollout_batch_size}")
+        self.dataloader = PromptDataLoader(records, cfg.rollout_batch_size, seed=cfg.seed, shuffle=True,
+                                           drop_last=True)
+        self.eval_records = None
+        if cfg.eval_data:
+            self.eval_records = load_prompt_dataset(cfg.eval_data, cfg.input_key, cfg.label_key, cfg.eval_split,
+                                                    cfg.eval_max_samples)
+            for agent in cfg.resolved_agents():
+                if (cfg.rollout_backend == "hf" and agent.zero_stage == 3 and agent.dp_size > 1
+                        and len(self.eval_records) % agent.dp_size):
+                    raise ValueError(
+                        f"agent {agent.name!r}: with zero_stage=3 its {agent.dp_size} workers generate in lockstep, "
+                        f"so the {len(self.eval_records)} evaluation prompts of {cfg.eval_data} must divide evenly "
+                        "(set --eval_max_samples)")
+
+    @property
+    def total_steps(self) -> int:
+        steps = len(self.dataloader) * self.cfg.num_episodes
+        return min(steps, self.cfg.max_steps) if self.cfg.max_steps is not None else steps
+
+    def setup(self) -> None:
+        """Preflight, start Ray (unless already running), launch every agent's workers, resume if asked."""
+        if self._ready:
+            return
+        cfg = self.cfg
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed % 2**32)
+        torch.manual_seed(cfg.seed)
+        self.preflight()
+        use_gpu = self._use_gpu()
+        total_updates = self.total_steps * cfg.updates_per_step
+        self.groups = [AgentGroup(cfg, i, total_updates, use_gpu=use_gpu) for i in range(cfg.num_agents)]
+        launches = [g.launch() for g in self.groups]
+        self.worker_info = self._guard(lambda: wait_all(launches), "launching the workers")
+        self.reward_runner = RewardRunner(cfg.reward_fn, num_workers=cfg.reward_num_workers,
+                                          timeout_s=cfg.reward_timeout)
+        if self.eval_records:
+            self.evaluator = Evaluator(self.eval_records, self.reward_runner,
+                                       cfg.eval_generate_max_len or cfg.generate_max_len, cfg.eval_n_samples,
+                                       cfg.eval_temperature, cfg.seed)
+        if cfg.resume:
+            self._resume()
+        wandb = None
+        if cfg.use_wandb:
+            wandb = {"project": cfg.wandb_project, "name": cfg.wandb_run_name, "mode": cfg.wandb_mode,
+                     "config": cfg.to_dict()}
+        self.metrics = MetricsLogger(cfg.save_path, cfg.use_tensorboard, wandb, total_steps=self.total_steps,
+                                     show_progress=cfg.progress_bar, initial_step=self.step)
+        self._ready = True
+
+    def _use_gpu(self) -> bool:
+        cfg = self.cfg
+        if cfg.device != "auto":
+            if cfg.device == "cuda" and not cfg.use_ray and not torch.cuda.is_available():
+                raise ValueError("device='cuda' but no CUDA device is visible")
+            if cfg.use_ray:
+                self._init_ray()
+            return cfg.device == "cuda"
+        if not cfg.use_ray:
+            return torch.cuda.is_available()
+        import ray
+
+        self._init_ray()
+        return ray.cluster_resources().get("GPU", 0) > 0
+
+    def _init_ray(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            ray.init(ignore_reinit_error=True, log_to_driver=True)
+            self._started_ray = True
+
+    # ------------------------------------------------------------------------------------------------ loop
+    def fit(self) -> list[list[dict[str, Any]]]:
+        """Train until ``max_steps`` or the end of the last episode; returns the per-step metric records."""
+        self.setup()
+        cfg = self.cfg
+        while self.step < self.total_steps:
+            records = self._guard(self.train_one_step, f"step {self.step + 1}")
+            step = self.step
+            if step % cfg.logging_steps == 0 or step == self.total_steps:
+                self.metrics.log_step(step, records)
+            self.metrics.advance(records)
+            if self.evaluator is not None and cfg.eval_steps > 0 and step % cfg.eval_steps == 0:
+                self.evaluate()
+            if cfg.save_steps > 0 and step % cfg.save_steps == 0:
+                self.save_checkpoint()
+        if self.evaluator is not None and (not self.eval_history or self.eval_history[-1][0]["step"] != self.step):
+            self.evaluate()
+        if self.last_checkpoint is None or not self.last_checkpoint.name.endswith(f"step{self.step}"):
+            self.save_checkpoint()
+        if cfg.save_hf:
+            self.save_hf()
+        return self.history
+
+    def _guard(self, fn, what: str):
+        try:
+            return fn()
+        except AgentWorkerDied as err:
+            where = (f"the last joint checkpoint is {self.last_checkpoint}; continue with --resume"
+                     if self.last_checkpoint is not None else
+                     f"no joint checkpoint has been written yet (checkpoint folder {self.cfg.checkpoint_dir})")
+            raise TrainingError(f"{what} failed: {err}. {where}") from err
+
+    def sampling_for(self, step: int, agent: str) -> SamplingConfig:
+        cfg = self.cfg
+        return SamplingConfig(n=cfg.n_samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p,
+                              top_k=cfg.top_k, max_new_tokens=cfg.generate_max_len,
+                              seed=derive_seed(cfg.seed, "rollout", step, agent))
+
+    def train_one_step(self) -> list[dict[str, Any]]:
+        """Run one full step (rollout, reward, capability, update, sync); returns one record per agent."""
+        cfg, step = self.cfg, self.step + 1
+        t_step = time.perf_counter()
+        prompts = self.dataloader.next_batch()
+
+        # 1) rollouts of every agent on the same prompts, concurrently
+        t0 = time.perf_counter()
+        rollouts = wait_all([g.rollout(prompts, self.sampling_for(step, g.name), step) for g in self.groups])
+        rollout_s = time.perf_counter() - t0
+        trajectories = [t for r in rollouts for t in r["trajectories"]]
+
+        # 2) one verification per trajectory
+        t0 = time.perf_counter()
+        try:
+            self.reward_runner.score_trajectories(trajectories)
+        except RewardFunctionError as err:
+            raise RewardFunctionError(f"step {step}: {err}") from err
+        reward_s = time.perf_counter() - t0
+        self.store.add(trajectories)
+        if cfg.save_rollouts:
+            self.store.dump_jsonl(step, Path(cfg.save_path) / "rollouts" / f"step_{step:06d}.jsonl")
+
+        # 3) capability P̂ (window includes this step) and the clipped ratio matrix
+        per_agent = self.store.rewards_by_source(step, cfg.num_agents)
+        step_capability = [float(np.mean([r > 0 for r in rs])) if cfg.algo.capability.metric == "positive_rate"
+                           else float(np.mean(rs)) for rs in per_agent]
+        capabilities = self.tracker.update([torch.tensor(rs, dtype=torch.float64) for rs in per_agent])
+        ratio = self.tracker.ratio_matrix()
+
+        # 4) every learner from the same pre-step snapshots, concurrently
+        t0 = time.perf_counter()
+        shared: Any = trajectories
+        if cfg.use_ray:
+            import ray
+
+            shared = ray.put(trajectories)  # one copy in the object store for every learner
+        trained = wait_all([g.train_step(shared, step, ratio.tolist()) for g in self.groups])
+        train_s = time.perf_counter() - t0
+
+        # 5) weight sync to the rollout engines
+        sync_s = [g.sync_weights() for g in self.groups]
+        self.step = step
+        step_s = time.perf_counter() - t_step
+
+        summary = self.store.summary(step)
+        records = []
+        for k, (group, rollout, result) in enumerate(zip(self.groups, rollouts, trained)):
+            own = [t for t in trajectories if t.source == k]
+            stats = summary[k]
+            rec: dict[str, Any] = {
+                "step": step,
+                "agent": group.name,
+                "reward/mean": stats["reward_mean"],
+                "reward/std": stats["reward_std"],
+                "reward/positive_rate": stats["positive_rate"],
+                "capability": float(capabilities[k]),
+                "capability/step": step_capability[k],
+                "response/tokens_mean": stats["response_tokens_mean"],
+                "response/chars_mean": stats["response_chars_mean"],
+                "response/finished_rate": stats["finished_rate"],
+                "response/truncated_fraction": float(np.mean([t.finish_reason == "length" for t in own])),
+                "rollout/tokens_per_s": rollout["generated_tokens"] / max(rollout["generate_s"], 1e-9),
+                "time/generate": rollout["generate_s"],
+                "time/reward": reward_s,
+                "time/logprob": rollout["logprob_s"] + result["timings"]["logprob_s"],
+                "time/update": result["timings"]["update_s"],
+                "time/sync": sync_s[k],
+                "time/rollout_phase": rollout_s,
+                "time/train_phase": train_s,
+                "time/step": step_s,
+                "updates": result["updates"],
+                "skipped_updates": result["skipped_updates_total"],
+                "skipped_updates/step": result["skipped_updates"],
+            }
+            for j in range(cfg.num_agents):
+                if j != k:
+                    rec[f"omega/{self.groups[j].name}"] = float(ratio[k, j])
+            rec.update(result["metrics"])
+            records.append(rec)
+        self.history.append(records)
+        return records
+
+    # ------------------------------------------------------------------------------------------------ evaluation
+    def evaluate(self) -> list[dict[str, Any]]:
+        """Evaluate every agent alone on the validation prompts (greedy accuracy, pass@k) and log it."""
+        if self.evaluator is None:
+            raise ValueError("no eval_data was given")
+        records = self._guard(lambda: self.evaluator.evaluate(self.groups, self.step), f"evaluation at step "
+                              f"{self.step}")
+        self.eval_history.append(records)
+        self.metrics.log_eval(self.step, records)
+        return records
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def trainer_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "agents": self.cfg.agent_names,
+            "algorithm": self.cfg.algo.algorithm,
+            "dataloader": self.dataloader.state_dict(),
+            "tracker": self.tracker.state_dict(),
+            "rng": capture_rng_state(),
+            "seed": self.cfg.seed,
+        }
+
+    def save_checkpoint(self) -> Path:
+        """Write the joint checkpoint of the current step (atomic; old ones pruned to ``max_ckpt_num``)."""
+
+        def write_agents(tmp: Path) -> None:
+            pendings = [g.save_checkpoint(str(CheckpointManager.agent_dir(tmp, g.name))) for g in self.groups]
+            wait_all(pendings)
+
+        self.last_checkpoint = self._guard(lambda: self.ckpt.save(self.step, self.trainer_state(), write_agents),
+                                           f"saving the checkpoint of step {self.step}")
+        logger.info("saved joint checkpoint %s", self.last_checkpoint)
+        return self.last_checkpoint
+
+    def _resume(self) -> None:
+        checkpoint = self.ckpt.latest()
+        if checkpoint is None:
+            logger.warning("--resume: no checkpoint under %s, starting from scratch", self.cfg.checkpoint_dir)
+            return
+        state = self.ckpt.load_trainer_state(checkpoint)
+        if state["agents"] != self.cfg.agent_names:
+            raise ValueError(f"checkpoint {checkpoint} holds agents {state['agents']}, this run has "
+                             f"{self.cfg.agent_names}")
+        for group in self.groups:
+            if not CheckpointManager.agent_dir(checkpoint, group.name).is_dir():
+                raise FileNotFoundError(f"checkpoint {checkpoint} has no state for agent {group.name!r}")
+        self._guard(lambda: wait_all([g.load_checkpoint(str(CheckpointManager.agent_dir(checkpoint, g.name)))
+                                      for g in self.groups]), f"loading checkpoint {checkpoint}")
+        self.step = int(state["step"])
+        self.dataloader.load_state_dict(state["dataloader"])
+        self.tracker.load_state_dict(state["tracker"])
+        restore_rng_state(state["rng"])
+        self.last_checkpoint = checkpoint
+        logger.info("resumed from %s (step %d)", checkpoint, self.step)
+
+    def save_hf(self) -> list[str]:
+        """Per-agent Hugging Face checkpoints under ``<save_path>/hf/<agent>/``."""
+        paths = [str(Path(self.cfg.save_path) / "hf" / g.name) for g in self.groups]
+        self._guard(lambda: wait_all([g.save_hf(p) for g, p in zip(self.groups, paths)]), "saving HF checkpoints")
+        return paths
+
+    # ------------------------------------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Stop the workers, the reward pool and the sinks (and Ray, if this controller started it)."""
+        if self.metrics is not None:
+            self.metrics.close()
+        if self.reward_runner is not None:
+            self.reward_runner.close()
+        for group in self.groups:
+            group.shutdown()
+        if self._started_ray:
+            import ray
+
+            ray.shutdown()
+            self._started_ray = False

@@ -1,0 +1,169 @@
+"""The CLI's flag parsing and the typed run configuration (no models, no workers)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from openrlhf_hacpo.algorithms import HACPOConfig
+from openrlhf_hacpo.cli.train_hacpo import build_config, build_parser, load_agents_file, main, parse_agent_spec
+from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+
+BASE = ["--prompt_data", "data.jsonl", "--agent", "name=a,pretrain=/m/a", "--agent", "name=b,pretrain=/m/b",
+        "--rollout_batch_size", "4", "--n_samples_per_prompt", "2", "--train_batch_size", "8",
+        "--micro_train_batch_size", "2"]
+
+
+def test_help_lists_every_flag_in_groups(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    for group in ("agents:", "prompts:", "rollout:", "rewards:", "algorithm:", "training:",
+                  "checkpoints and logging:", "evaluation:"):
+        assert group in text
+    flags = [
+        "--prompt_data", "--input_key", "--label_key", "--apply_chat_template", "--n_samples_per_prompt",
+        "--rollout_batch_size", "--train_batch_size", "--micro_train_batch_size", "--max_epochs",
+        "--num_episodes", "--max_steps", "--prompt_max_len", "--generate_max_len", "--temperature", "--top_p",
+        "--actor_learning_rate", "--lr_warmup_steps", "--max_norm", "--adam_betas", "--l2", "--zero_stage",
+        "--bf16", "--gradient_checkpointing", "--vllm_num_engines", "--vllm_tensor_parallel_size",
+        "--rollout_backend", "--save_path", "--ckpt_path", "--save_steps", "--eval_steps", "--eval_data",
+        "--eval_n_samples", "--logging_steps", "--use_tensorboard", "--use_wandb", "--seed", "--resume",
+        "--reward_fn", "--init_kl_coef", "--algorithm", "--alpha", "--cross_clip_delta", "--cross_clip_step",
+        "--no_stepwise", "--no_cross_clip", "--no_capability_advantage", "--no_capability_coef",
+        "--capability_window", "--capability_metric", "--capability_ratio_min", "--capability_ratio_max",
+        "--eps_clip_low", "--eps_clip_high", "--eos_policy", "--loss_agg", "--ratio_level", "--minibatch_order",
+        "--agent", "--agents_config",
+    ]
+    missing = [f for f in flags if f not in text]
+    assert not missing
+
+
+def test_agents_inherit_run_wide_settings():
+    cfg = build_config(BASE + ["--agent", "name=c,pretrain=/m/c,learning_rate=3e-6,zero_stage=3,bf16=true",
+                               "--actor_learning_rate", "1e-6", "--zero_stage", "1"])
+    a, b, c = cfg.resolved_agents()
+    assert (a.learning_rate, a.zero_stage, a.bf16, a.dp_size) == (1e-6, 1, False, 1)
+    assert (c.learning_rate, c.zero_stage, c.bf16) == (3e-6, 3, True)
+    assert cfg.agents[0].learning_rate is None  # the declared config is left as given
+    assert cfg.rows_per_learner == 3 * 4 * 2 and cfg.updates_per_step == 3
+
+
+def test_hacpo_flags_reach_the_algorithm_config():
+    cfg = build_config(BASE + ["--alpha", "3", "--cross_clip_delta", "0.1", "--cross_clip_step", "0.01",
+                               "--no_stepwise", "--capability_window", "7", "--capability_metric", "mean_reward",
+                               "--eps_clip_low", "1e-3", "--init_kl_coef", "0", "--no_capability_advantage"])
+    algo = cfg.algo
+    assert algo.algorithm == "hacpo"
+    assert (algo.loss.alpha, algo.loss.delta, algo.loss.delta_step, algo.loss.stepwise) == (3.0, 0.1, 0.01, False)
+    assert (algo.capability.window, algo.capability.metric) == (7, "mean_reward")
+    assert algo.loss.eps_low == 1e-3 and algo.loss.eps_high == HACPOConfig().loss.eps_high
+    assert algo.loss.kl_coef == 0.0 and algo.advantage.capability_weighting is False
+
+
+def test_presets_for_baselines_and_ablations():
+    gspo = build_config(BASE + ["--algorithm", "gspo", "--train_batch_size", "4"])
+    assert gspo.algo.advantage.scope == "own" and not gspo.trains_on_foreign
+    assert gspo.rows_per_learner == 4 * 2
+    grpo = build_config(BASE + ["--algorithm", "grpo", "--train_batch_size", "4"])
+    assert (grpo.algo.loss.eps_low, grpo.algo.loss.eps_high) == (0.2, 0.28)
+    ablation = build_config(BASE + ["--algorithm", "hacpo-no-clip"])
+    assert ablation.algo.algorithm == "hacpo" and ablation.algo.loss.cross_clip is False
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--algorithm", "gspo", "--train_batch_size", "4", "--alpha", "2"], "--alpha"),
+    (["--algorithm", "grpo", "--train_batch_size", "4", "--no_capability_advantage"], "own rollouts"),
+    (["--algorithm", "naive", "--cross_clip_delta", "0.1"], "incompatible"),
+    (["--train_batch_size", "6"], "train_batch_size=6 must divide"),
+    (["--micro_train_batch_size", "3"], "micro_train_batch_size"),
+    (["--ratio_level", "token"], "ratio_level='token'"),
+    (["--no_ray", "--rollout_backend", "vllm"], "needs Ray"),
+    (["--temperature", "0"], "temperature"),
+    (["--eval_steps", "2"], "eval_data"),
+    (["--save_steps", "0"], "save_steps"),
+])
+def test_incompatible_flags_are_rejected(extra, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_config(BASE + extra)
+
+
+def test_agent_spec_errors_name_the_setting():
+    with pytest.raises(ValueError, match="unknown agent setting 'lr'"):
+        parse_agent_spec("name=a,pretrain=/m,lr=1")
+    with pytest.raises(ValueError, match="bad value for 'zero_stage'"):
+        parse_agent_spec("name=a,pretrain=/m,zero_stage=two")
+    with pytest.raises(ValueError, match="missing the required setting 'pretrain'"):
+        parse_agent_spec("name=a")
+    with pytest.raises(ValueError, match=r"zero_stage must be 0, 1, 2 or 3"):
+        parse_agent_spec("name=a,pretrain=/m,zero_stage=4")
+    with pytest.raises(ValueError, match="names must be unique"):
+        build_config(["--prompt_data", "d.jsonl", "--agent", "name=a,pretrain=/m", "--agent", "name=a,pretrain=/n"])
+    with pytest.raises(ValueError, match="no agents"):
+        build_config(["--prompt_data", "d.jsonl"])
+
+
+def test_main_reports_config_errors_with_status_2(capsys):
+    assert main(BASE + ["--train_batch_size", "6"]) == 2
+    assert "train_batch_size=6" in capsys.readouterr().err
+
+
+def test_agents_yaml(tmp_path):
+    path = tmp_path / "agents.yaml"
+    path.write_text("agents:\n  - {name: q, pretrain: /m/q, learning_rate: 2.0e-6}\n  - name: l\n    pretrain: /m/l\n"
+                    "    vllm_num_engines: 2\n")
+    agents = load_agents_file(str(path))
+    assert [a.name for a in agents] == ["q", "l"]
+    assert agents[0].learning_rate == 2e-6 and agents[1].vllm_num_engines == 2
+    cfg = build_config(["--prompt_data", "d.jsonl", "--agents_config", str(path), "--agent", "name=z,pretrain=/z",
+                        "--rollout_batch_size", "2", "--n_samples_per_prompt", "2", "--train_batch_size", "12",
+                        "--micro_train_batch_size", "2"])
+    assert cfg.agent_names == ["q", "l", "z"]
+    path.write_text("agents:\n  - {name: q, pretrain: /m/q, learning_rat: 1}\n")
+    with pytest.raises(ValueError, match=r"agents config .*entry 0.*learning_rat"):
+        load_agents_file(str(path))
+    with pytest.raises(FileNotFoundError, match="missing.yaml"):
+        load_agents_file(str(tmp_path / "missing.yaml"))
+
+
+def test_train_config_round_trip():
+    cfg = build_config(BASE + ["--algorithm", "hacpo-no-omega", "--alpha", "2"])
+    again = TrainConfig.from_dict(cfg.to_dict())
+    assert again == cfg
+    with pytest.raises(ValueError, match="no field"):
+        TrainConfig.from_dict({**cfg.to_dict(), "bogus": 1})
+
+
+def test_dataclass_validation_names_fields():
+    with pytest.raises(ValueError, match=r"AgentConfig.name"):
+        AgentConfig(name="bad name", pretrain="/m")
+    with pytest.raises(ValueError, match="top_p"):
+        TrainConfig(agents=[AgentConfig("a", "/m")], prompt_data="d", top_p=1.5)
+    with pytest.raises(ValueError, match="adam_betas"):
+        TrainConfig(agents=[AgentConfig("a", "/m")], prompt_data="d", adam_betas=(0.9, 1.0))
+
+
+LAUNCHERS = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples" / "scripts").glob("train_*.sh")
+                   if not p.name.endswith("_tiny.sh"))  # the tiny CPU scripts go through cli.tiny instead
+
+
+@pytest.mark.parametrize("script", LAUNCHERS, ids=[p.name for p in LAUNCHERS])
+def test_gpu_launchers_parse_with_this_cli(tmp_path, script):
+    """Every launcher's command line is accepted by build_config (a stand-in python3 records the arguments)."""
+    shim = tmp_path / "python3"
+    shim.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(tmp_path / 'argv.json')!r}, 'w'))\n")
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    subprocess.run(["bash", str(script)], check=True, env=env, capture_output=True)
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[:2] == ["-m", "openrlhf_hacpo.cli.train_hacpo"]
+    cfg = build_config(argv[2:])
+    assert cfg.num_agents == 2 and cfg.rollout_backend == "vllm"
+    assert cfg.updates_per_step == (4 if "hacpo" in script.name or "x2" in script.name else 2)
+    expected = "hacpo" if "hacpo" in script.name else "gspo"
+    assert cfg.algo.algorithm == expected
