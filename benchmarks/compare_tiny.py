@@ -1,0 +1,670 @@
+"""HACPO against its baselines and ablations on the tiny agents, measured through the main job.
+
+    python benchmarks/compare_tiny.py                                  # main arms x 3 seeds, ablations x 2 seeds
+    python benchmarks/compare_tiny.py --arms main --jobs 2             # HACPO, GSPO, GSPO x2, Naive only
+    python benchmarks/compare_tiny.py --arms hacpo,gspo --seeds 0 --steps 20   # a quick end-to-end check
+    python benchmarks/compare_tiny.py --report_only                    # tables from the runs already on disk
+
+Every arm is one run of ``python -m openrlhf_hacpo.cli.tiny run`` (so of the normal ``train_hacpo`` command) with
+the preset's RL settings; runs with the same seed see the same prompt batches, so arms are compared paired by seed.
+
+Arms (G = the preset's group size, 8):
+
+* ``hacpo``: every agent trains on its own G and every other agent's G rollouts per prompt;
+* ``gspo``: every agent alone on its own G rollouts (the same rollouts per agent as HACPO);
+* ``gspo2x``: every agent alone with 2G rollouts per prompt (twice HACPO's own rollouts);
+* ``naive``: shared rollouts, plain joint-mean advantages, own-rollout clip on every row;
+* ablations: ``no-adv`` (plain joint-mean baseline), ``no-omega`` (no ω on foreign objectives), ``alpha0`` /
+  ``alpha2`` / ``alpha3`` (exponent of the exponential importance sampling; α = 1 is ``hacpo``), ``no-clip`` (no
+  clamp of foreign ratios); ``hacpo-m2`` / ``no-stepwise`` with two optimizer updates per step (own rows, then
+  foreign rows), where the stepwise lower bound of update m = 1 is 1 − δ + δ_step (with one update per step the
+  bound is 1 − δ with or without the stepwise rule, so the two would be the same run);
+* levers (``--arms levers``, not part of ``all``): ``delta05`` / ``delta1``, HACPO with the foreign window widened
+  to [0.5, 1] / [0, 1].
+
+Per arm and agent it reports the final test accuracy (mean of the last two periodic evaluations; mean ± sample std
+over seeds), rollouts generated, wall time, tokens/s, seconds per phase, and the foreign-ratio statistics logged
+by the trainer. It writes ``benchmarks/results/tiny_<preset>.{md,json,png}`` (``tiny_<preset>_<N>steps`` for a
+non-default step count) atomically. A run whose folder already holds a ``summary.json`` with the same settings
+is not repeated, so the comparison can be run in pieces.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import io
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from openrlhf_hacpo.cli.tiny import default_runs_dir, load_summary
+from openrlhf_hacpo.utils.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS, build_zoo, get_preset
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "benchmarks" / "results"
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """One configuration of the comparison.
+
+    ``group_factor`` multiplies the preset's G; ``updates_per_step`` splits a learner's batch into that many
+    optimizer updates; ``extra`` are further trainer flags."""
+
+    name: str
+    label: str
+    algorithm: str
+    kind: str = "main"
+    group_factor: int = 1
+    updates_per_step: int = 1
+    extra: tuple[str, ...] = ()
+    reference: str | None = None
+    """For an ablation or lever: the arm it is compared with, paired by seed."""
+
+    def group_size(self, preset) -> int:
+        return preset.rl.group_size * self.group_factor
+
+    def trainer_flags(self, preset) -> list[str]:
+        flags = list(self.extra)
+        if self.updates_per_step > 1:
+            from openrlhf_hacpo.algorithms import HACPOConfig
+
+            sources = len(preset.agents) if HACPOConfig.preset(self.algorithm).trains_on_foreign else 1
+            rows = sources * preset.rl.prompts_per_step * self.group_size(preset)
+            if rows % self.updates_per_step:
+                raise ValueError(f"arm {self.name}: {rows} rows per step do not split into "
+                                 f"{self.updates_per_step} updates")
+            per_update = rows // self.updates_per_step
+            flags += ["--train_batch_size", str(per_update), "--micro_train_batch_size", str(math.gcd(per_update, 64))]
+        return flags
+
+
+ARMS: dict[str, Arm] = {a.name: a for a in (
+    Arm("hacpo", "HACPO", "hacpo"),
+    Arm("gspo", "GSPO (same rollouts)", "gspo"),
+    Arm("gspo2x", "GSPO ×2 (2G rollouts)", "gspo", group_factor=2),
+    Arm("naive", "Naive sharing", "naive"),
+    Arm("no-adv", "HACPO −Adv (plain joint baseline)", "hacpo-no-adv", kind="ablation", reference="hacpo"),
+    Arm("no-omega", "HACPO −ω", "hacpo-no-omega", kind="ablation", reference="hacpo"),
+    Arm("alpha0", "HACPO α=0", "hacpo", kind="ablation", reference="hacpo", extra=("--alpha", "0")),
+    Arm("alpha2", "HACPO α=2", "hacpo", kind="ablation", reference="hacpo", extra=("--alpha", "2")),
+    Arm("alpha3", "HACPO α=3", "hacpo", kind="ablation", reference="hacpo", extra=("--alpha", "3")),
+    Arm("no-clip", "HACPO, no foreign clip", "hacpo-no-clip", kind="ablation", reference="hacpo"),
+    Arm("hacpo-m2", "HACPO, 2 updates/step", "hacpo", kind="ablation", reference="hacpo", updates_per_step=2),
+    Arm("no-stepwise", "HACPO −stepwise, 2 updates/step", "hacpo-no-stepwise", kind="ablation",
+        reference="hacpo-m2", updates_per_step=2),
+    Arm("delta05", "HACPO, window [0.5, 1]", "hacpo", kind="lever", reference="hacpo",
+        extra=("--cross_clip_delta", "0.5")),
+    Arm("delta1", "HACPO, window [0, 1]", "hacpo", kind="lever", reference="hacpo", extra=("--cross_clip_delta", "1")),
+)}
+MAIN_COMPARISONS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive"))
+"""(arm, baseline) pairs of the headline comparison."""
+GROUPS = {"main": [a for a in ARMS if ARMS[a].kind == "main"],
+          "ablations": [a for a in ARMS if ARMS[a].kind == "ablation"],
+          "levers": [a for a in ARMS if ARMS[a].kind == "lever"]}
+GROUPS["all"] = GROUPS["main"] + GROUPS["ablations"]
+DEFAULT_SEEDS = {"main": (0, 1, 2), "ablation": (0, 1), "lever": (0, 1)}
+
+
+def _log(message: str) -> None:
+    print(f"[compare {datetime.datetime.now():%H:%M:%S}] {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------------------- running
+def run_dir(root: Path, arm: Arm, seed: int) -> Path:
+    return root / arm.name / f"seed{seed}"
+
+
+def run_command(arm: Arm, preset, seed: int, steps: int, output: Path) -> list[str]:
+    """The main-job command of one arm and seed."""
+    cmd = [sys.executable, "-m", "openrlhf_hacpo.cli.tiny", "run", "--preset", preset.name,
+           "--algorithm", arm.algorithm, "--n_samples_per_prompt", str(arm.group_size(preset)),
+           "--steps", str(steps), "--seed", str(seed), "--output", str(output), "--no_progress_bar"]
+    flags = arm.trainer_flags(preset)
+    return cmd + (["--", *flags] if flags else [])
+
+
+def finished(arm: Arm, preset, seed: int, steps: int, output: Path) -> bool:
+    """True when ``output`` holds the summary of exactly this arm, seed and step count."""
+    summary = load_summary(output)
+    if summary is None:
+        return False
+    run = summary["run"]
+    wanted = {"preset": preset.name, "algorithm": arm.algorithm, "seed": seed, "steps": steps,
+              "n_samples_per_prompt": arm.group_size(preset), "extra_args": arm.trainer_flags(preset)}
+    differs = {k: (run.get(k), v) for k, v in wanted.items() if run.get(k) != v}
+    if differs:
+        raise ValueError(f"{output} holds a run with other settings {differs}; remove it or use another --runs_dir")
+    return True
+
+
+def run_all(jobs: Sequence[tuple[Arm, int]], preset, steps: int, root: Path, lanes: int) -> list[str]:
+    """Run the missing (arm, seed) jobs on ``lanes`` parallel lanes; returns the failures."""
+    todo = [(arm, seed) for arm, seed in jobs if not finished(arm, preset, seed, steps, run_dir(root, arm, seed))]
+    skipped = len(jobs) - len(todo)
+    if skipped:
+        _log(f"{skipped} run(s) already done, {len(todo)} to go")
+    failures: list[str] = []
+    lock = threading.Lock()
+    counter = iter(range(1, len(todo) + 1))
+
+    def one(job: tuple[Arm, int]) -> None:
+        arm, seed = job
+        out = run_dir(root, arm, seed)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        cmd = run_command(arm, preset, seed, steps, out)
+        with lock:
+            _log(f"start {arm.name} seed {seed} ({next(counter)}/{len(todo)}): {shlex.join(cmd[1:])}")
+        t0 = time.perf_counter()
+        log_path = out.parent / f"seed{seed}.log"
+        with open(log_path, "w", encoding="utf-8") as log:
+            status = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+                                    ).returncode
+        seconds = time.perf_counter() - t0
+        with lock:
+            if status != 0:
+                failures.append(f"{arm.name} seed {seed} (status {status}, log {log_path})")
+                _log(f"FAILED {arm.name} seed {seed} after {seconds:.0f} s; see {log_path}")
+                return
+            summary = load_summary(out)
+            accs = ", ".join(f"{n} {a['acc_before']:.3f}→{a['acc_final']:.3f}" for n, a in summary["agents"].items())
+            _log(f"done {arm.name} seed {seed} in {seconds:.0f} s: {accs}")
+
+    with ThreadPoolExecutor(max_workers=lanes) as pool:
+        list(pool.map(one, todo))
+    return failures
+
+
+# ---------------------------------------------------------------------------------------------------------- statistics
+def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (``None`` for fewer than two values)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
+
+
+def _fmean(values: Sequence[Any]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def aggregate_arm(summaries: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Per agent: final accuracy per seed and mean ± std, before/after, rollouts, throughput, phases, foreign stats,
+    and the mean validation curve; run-wide: seeds and wall seconds."""
+    seeds = sorted(summaries)
+    first = summaries[seeds[0]]
+    agents = {}
+    for name in first["agents"]:
+        per_seed = {s: summaries[s]["agents"][name] for s in seeds}
+        finals = {s: a["acc_final"] for s, a in per_seed.items()}
+        mean, std = mean_std(list(finals.values()))
+        entries = list(per_seed.values())
+        seconds = {k: _fmean([a["seconds"][k] for a in entries if a.get("seconds")])
+                   for k in (entries[0].get("seconds") or {})}
+        foreign = None
+        if entries[0].get("foreign"):
+            foreign = {k: _fmean([a["foreign"][k] for a in entries if a.get("foreign")])
+                       for k in entries[0]["foreign"]}
+        steps = sorted({s for a in entries for s, _ in a["validation"]})
+        curve = []
+        for st in steps:
+            vals = [v for a in entries for s, v in a["validation"] if s == st]
+            m, sd = mean_std(vals)
+            curve.append([st, m, sd if sd is not None else 0.0])
+        agents[name] = {
+            "final_by_seed": {str(s): v for s, v in finals.items()},
+            "final_mean": mean,
+            "final_std": std,
+            "acc_before": _fmean([a["acc_before"] for a in entries]),
+            "acc_after_mean": _fmean([a["acc_after"] for a in entries]),
+            "rollouts_generated": _fmean([a["rollouts_generated"] for a in entries]),
+            "rows_trained": _fmean([a["rows_trained"] for a in entries]),
+            "tokens_per_s": _fmean([a.get("tokens_per_s") for a in entries]),
+            "samples_trained_per_s": _fmean([a.get("samples_trained_per_s") for a in entries]),
+            "seconds": seconds,
+            "foreign": foreign,
+            "curve": curve,
+            "rollouts_per_step": _fmean([a["rollouts_generated"] / max(a["steps"], 1) for a in entries]),
+        }
+    return {
+        "seeds": seeds,
+        "wall_seconds": _fmean([summaries[s]["run"]["wall_seconds"] for s in seeds]),
+        "train_seconds": _fmean([summaries[s]["run"]["train_seconds"] for s in seeds]),
+        "agents": agents,
+    }
+
+
+def paired_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """Per agent: final accuracy of arm ``a`` minus arm ``b`` for every seed both have, their mean ± std."""
+    out = {}
+    for name, entry in a["agents"].items():
+        other = b["agents"].get(name)
+        if other is None:
+            continue
+        common = sorted(set(entry["final_by_seed"]) & set(other["final_by_seed"]), key=int)
+        diffs = [entry["final_by_seed"][s] - other["final_by_seed"][s] for s in common]
+        mean, std = mean_std(diffs)
+        out[name] = {"seeds": [int(s) for s in common], "diffs": diffs, "mean": mean, "std": std,
+                     "positive": sum(d > 0 for d in diffs)}
+    return out
+
+
+def goal_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The defaults' goals, per agent: HACPO > GSPO, HACPO ≥ GSPO ×2, Naive < HACPO (paired mean differences)."""
+    checks = []
+    for other, relation in (("gspo", "above"), ("gspo2x", "level"), ("naive", "above")):
+        if "hacpo" not in results or other not in results:
+            continue
+        for name, d in paired_differences(results["hacpo"], results[other]).items():
+            if d["mean"] is None:
+                continue
+            met = d["mean"] > 0 if relation == "above" else d["mean"] >= 0
+            checks.append({"agent": name, "goal": f"HACPO {'>' if relation == 'above' else '≥'} {ARMS[other].label}",
+                           "paired_mean": d["mean"], "paired_std": d["std"], "positive_seeds": d["positive"],
+                           "seeds": len(d["diffs"]), "met": met})
+    return checks
+
+
+# ---------------------------------------------------------------------------------------------------------- ratio probe
+def _mean_logprobs(model, prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id: int,
+                   batch_size: int = 128) -> list[float]:
+    """Mean log-probability of each response's tokens given its prompt (teacher forcing, T = 1)."""
+    import torch
+
+    out: list[float] = []
+    with torch.no_grad():
+        for start in range(0, len(prompts), batch_size):
+            rows = [p + r for p, r in zip(prompts[start:start + batch_size], responses[start:start + batch_size])]
+            width = max(len(r) for r in rows)
+            ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(rows), width), dtype=torch.long)
+            for i, row in enumerate(rows):
+                ids[i, :len(row)] = torch.tensor(row)
+                mask[i, :len(row)] = 1
+            logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
+            for i in range(len(rows)):
+                p_len, r_len = len(prompts[start + i]), len(responses[start + i])
+                targets = ids[i, p_len:p_len + r_len]
+                values = logp[i, p_len - 1:p_len - 1 + r_len].gather(-1, targets[:, None])[:, 0]
+                out.append(float(values.mean()))
+    return out
+
+
+def ratio_quantiles(ratios: Sequence[float], window: tuple[float, float] = (0.8, 1.0)) -> dict[str, Any]:
+    """Fractions of ``ratios`` below / inside / above ``window`` and their median (``None`` values if empty)."""
+    if not ratios:
+        return {"n": 0, "in_window": None, "below": None, "above": None, "median": None}
+    lo, hi = window
+    n = len(ratios)
+    return {"n": n, "in_window": sum(lo <= r <= hi for r in ratios) / n, "below": sum(r < lo for r in ratios) / n,
+            "above": sum(r > hi for r in ratios) / n, "median": statistics.median(ratios)}
+
+
+def foreign_ratio_probe(folders: Mapping[str, Path], prompts: Sequence[Any], group_size: int = 8, seed: int = 0,
+                        max_new_tokens: int = 40) -> dict[str, Any]:
+    """Sequence ratios s = exp(mean log π_learner − mean log π_source) of every agent's samples under every other
+    agent, for the policies in ``folders`` (the trainer's cross-agent ratio with ``eos_policy="drop"``: the learner
+    re-renders the prompt with its chat template and re-tokenizes the response text; EOS is not scored; the source
+    side re-tokenizes its own text too). Returns ``{"<learner> <- <source>": stats}`` with :func:`ratio_quantiles`
+    over all samples, and the median over correct and wrong samples."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from openrlhf_hacpo.data import arithmetic_reward
+    from openrlhf_hacpo.rollout.views import LearnerViewConfig, encode_response, render_prompt_ids
+    from openrlhf_hacpo.zoo import generate_responses
+
+    view = LearnerViewConfig(eos_policy="drop", apply_chat_template=True, enable_thinking=False)
+    agents = {}
+    for name, folder in folders.items():
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+        agents[name] = (model, tokenizer)
+    samples = {}
+    for name, (model, tokenizer) in agents.items():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            texts = generate_responses(model, tokenizer, prompts, do_sample=True, num_return_sequences=group_size,
+                                       max_new_tokens=max_new_tokens)
+        rows = [(p, t) for p, ts in zip(prompts, texts) for t in ts]
+        rows = [(p, t) for p, t in rows if encode_response(t, tokenizer)]
+        own = _mean_logprobs(model, [render_prompt_ids(p.messages, tokenizer, view) for p, _ in rows],
+                             [encode_response(t, tokenizer) for _, t in rows], tokenizer.pad_token_id)
+        samples[name] = [(p, t, lp, arithmetic_reward(t, p.label)) for (p, t), lp in zip(rows, own)]
+    out = {}
+    for learner, (model, tokenizer) in agents.items():
+        for source, rows in samples.items():
+            if source == learner:
+                continue
+            rows = [r for r in rows if encode_response(r[1], tokenizer)]
+            mine = _mean_logprobs(model, [render_prompt_ids(p.messages, tokenizer, view) for p, _, _, _ in rows],
+                                  [encode_response(t, tokenizer) for _, t, _, _ in rows], tokenizer.pad_token_id)
+            ratios = [math.exp(min(m - r[2], 10.0)) for m, r in zip(mine, rows)]
+            correct = [s for s, r in zip(ratios, rows) if r[3] > 0]
+            wrong = [s for s, r in zip(ratios, rows) if r[3] <= 0]
+            stats = ratio_quantiles(ratios)
+            stats.update(median_correct=statistics.median(correct) if correct else None,
+                         median_wrong=statistics.median(wrong) if wrong else None,
+                         source_accuracy=len(correct) / len(rows) if rows else None)
+            out[f"{learner} <- {source}"] = stats
+    return out
+
+
+def ratio_probes(root: Path, preset, found: Mapping[str, Mapping[int, Any]], num_prompts: int = 64
+                 ) -> dict[str, Any]:
+    """The ratio probe on the warm-started agents and on the final agents of each seed-0 sharing run (cached in
+    ``<root>/ratio_probe.json``)."""
+    from openrlhf_hacpo.data import make_splits
+
+    cache_path = root / "ratio_probe.json"
+    cache = json.loads(cache_path.read_text(encoding="utf-8")) if cache_path.is_file() else {}
+    targets = {"start (warm-started agents)": build_zoo(preset.agents, progress=False)}
+    for arm in ("hacpo", "naive"):
+        if 0 in found.get(arm, {}):
+            folder = run_dir(root, ARMS[arm], 0) / "hf"
+            targets[f"end of {ARMS[arm].label}, seed 0"] = {n: folder / n for n in preset.agent_names}
+    prompts = make_splits().validation[:num_prompts]
+    changed = False
+    out = {}
+    for label, folders in targets.items():
+        key = label + " | " + ",".join(str(folders[n]) for n in preset.agent_names)
+        if key not in cache:
+            _log(f"ratio probe: {label}")
+            cache[key] = foreign_ratio_probe(folders, prompts, preset.rl.group_size)
+            changed = True
+        out[label] = cache[key]
+    if changed:
+        atomic_write_json(cache_path, cache)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------- report
+def _f(value: float | None, digits: int = 3, signed: bool = False) -> str:
+    if value is None:
+        return "–"
+    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+def _pm(mean: float | None, std: float | None, signed: bool = False) -> str:
+    if mean is None:
+        return "–"
+    return _f(mean, signed=signed) + (f" ± {std:.3f}" if std is not None else "")
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    res = report["arms"]
+    meta = report["meta"]
+    agents = meta["agents"]
+    lines = [
+        f"# HACPO vs GSPO on the tiny agents: preset `{meta['preset']}` ({' + '.join(agents)})",
+        "",
+        f"Command: `{meta['command']}`  ",
+        f"Measured {meta['date']} on {meta['cpu_count']} CPU cores ({meta['machine']}), "
+        f"{meta['omp_num_threads']} thread per process, {meta['lanes']} run(s) at a time; "
+        f"torch {meta['versions'].get('torch')}, transformers {meta['versions'].get('transformers')}, "
+        f"deepspeed {meta['versions'].get('deepspeed')}, ray {meta['versions'].get('ray')}.  ",
+        f"{meta['steps']} steps × {meta['prompts_per_step']} prompts, lr 3e-4 (10-step warmup), T = 1, one optimizer "
+        "update per step unless stated. **Final** = mean of the greedy test accuracies (400 L4 problems) at the last "
+        "two evaluations (every 10 steps); mean ± sample std over seeds. Arms with the same seed see the same prompts.",
+        "",
+        "## Final test accuracy",
+        "",
+        "| arm | seeds | " + " | ".join(f"{a} final" for a in agents) + " | rollouts / agent | rows trained / agent "
+        "| wall s / run |",
+        "|---|---|" + "---|" * len(agents) + "---|---|---|",
+    ]
+    for name, r in res.items():
+        first = r["agents"][agents[0]]
+        lines.append(
+            f"| {ARMS[name].label} | {len(r['seeds'])} | "
+            + " | ".join(_pm(r["agents"][a]["final_mean"], r["agents"][a]["final_std"]) for a in agents)
+            + f" | {first['rollouts_generated']:,.0f} | {first['rows_trained']:,.0f} | {_f(r['wall_seconds'], 0)} |")
+    before = {a: next(iter(res.values()))["agents"][a]["acc_before"] for a in agents} if res else {}
+    lines += ["", "Before training: " + ", ".join(f"{a} {before[a]:.3f}" for a in agents) + "."]
+
+    lines += ["", "## Paired differences (final accuracy, same seeds)", "",
+              "| comparison | " + " | ".join(agents) + " |", "|---|" + "---|" * len(agents)]
+    pairs_to_show = [p for p in MAIN_COMPARISONS if p[0] in res and p[1] in res]
+    pairs_to_show += [(n, ARMS[n].reference) for n in res if ARMS[n].reference in res]
+    for name, ref in pairs_to_show:
+        pairs = paired_differences(res[name], res[ref])
+        cells = []
+        for a in agents:
+            d = pairs.get(a)
+            cells.append("–" if d is None or d["mean"] is None else
+                         f"{_pm(d['mean'], d['std'], signed=True)} ({d['positive']}/{len(d['diffs'])} seeds > 0)")
+        lines.append(f"| {ARMS[name].label} − {ARMS[ref].label} | " + " | ".join(cells) + " |")
+
+    if report["goals"]:
+        lines += ["", "## Goals of the defaults", "", "| agent | goal | paired mean difference | seeds > 0 | met |",
+                  "|---|---|---|---|---|"]
+        for g in report["goals"]:
+            lines.append(f"| {g['agent']} | {g['goal']} | {_pm(g['paired_mean'], g['paired_std'], signed=True)} | "
+                         f"{g['positive_seeds']}/{g['seeds']} | {'yes' if g['met'] else 'no'} |")
+
+    lines += ["", "## Foreign rollouts (trainer metrics, mean over steps and seeds)", "",
+              "Fraction of the other agents' rollouts whose sequence ratio s = π_learner/π_source falls inside the clip "
+              "window [1 − δ + m·δ_step, 1], below it, and above 1; and the mean of s.",
+              "", "| arm | learner | in window | below | above 1 | mean s | median s |", "|---|---|---|---|---|---|---|"]
+    any_median = False
+    for name, r in res.items():
+        for a in agents:
+            f = r["agents"][a]["foreign"]
+            if not f:
+                continue
+            any_median |= f.get("ratio_median") is not None
+            lines.append(f"| {ARMS[name].label} | {a} | {_f(f['in_window_frac'])} | {_f(f['below_window_frac'])} | "
+                         f"{_f(f['above_window_frac'])} | {_f(f['ratio_mean'])} | {_f(f.get('ratio_median'))} |")
+    if "naive" in res:
+        lines += ["", "Naive sharing applies the own-rollout clip [1 − 3e-4, 1 + 4e-4] to every row, so its window columns "
+                  "count foreign rollouts inside / below / above that clip; only its mean s compares with HACPO's."]
+    if not any_median:
+        lines += ["", "The trainer logs the mean of s and the fractions below / inside / above the window, not the "
+                  "median, so the median column is empty; the ratio probe below measures the median."]
+
+    if report.get("ratio_probe"):
+        lines += ["", "## Ratio probe (median included)", "",
+                  "The other agent's samples (64 validation prompts × G at T = 1) scored by each learner: the sequence "
+                  "ratio s as the trainer computes it (learner's chat template and tokenization, EOS not scored), "
+                  "for the warm-started agents and for the final agents of the seed-0 runs.", "",
+                  "| policies | learner ← source | in [0.8, 1] | below | above 1 | median s | median s (correct) | "
+                  "median s (wrong) | source sample acc. |", "|---|---|---|---|---|---|---|---|---|"]
+        for label, pairs in report["ratio_probe"].items():
+            for pair, st in pairs.items():
+                lines.append(f"| {label} | {pair} | {_f(st['in_window'])} | {_f(st['below'])} | {_f(st['above'])} | "
+                             f"{_f(st['median'])} | {_f(st['median_correct'])} | {_f(st['median_wrong'])} | "
+                             f"{_f(st['source_accuracy'])} |")
+
+    lines += ["", "## Throughput (mean seconds per step; the agents of a run work concurrently)", "",
+              "| arm | agent | step s | generate s | log-prob s | update s | samples trained / s | tokens generated / s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name in ("hacpo", "gspo", "gspo2x", "naive"):
+        if name not in res:
+            continue
+        for a in agents:
+            e = res[name]["agents"][a]
+            s = e["seconds"]
+            lines.append(f"| {ARMS[name].label} | {a} | {_f(s.get('step'), 2)} | {_f(s.get('generate'), 2)} | "
+                         f"{_f(s.get('logprob'), 2)} | {_f(s.get('update'), 2)} | {_f(e['samples_trained_per_s'], 0)} | "
+                         f"{_f(e['tokens_per_s'], 0)} |")
+    if "hacpo" in res and "gspo" in res:
+        h, g = res["hacpo"], res["gspo"]
+        step_ratio = h["agents"][agents[0]]["seconds"]["step"] / g["agents"][agents[0]]["seconds"]["step"]
+        lines += ["", f"HACPO's step takes {step_ratio:.2f}× GSPO's on the same rollouts: every learner also scores and "
+                  "trains on the other agents' rollouts (" + ", ".join(
+                      f"{a}: update {h['agents'][a]['seconds']['update']:.2f} s vs "
+                      f"{g['agents'][a]['seconds']['update']:.2f} s" for a in agents) + ")."]
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(report: Mapping[str, Any]) -> bytes:
+    """Mean greedy test accuracy (± std band) against the rollouts each agent generated, one panel per agent."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = report["arms"]
+    agents = report["meta"]["agents"]
+    fig, axes = plt.subplots(1, len(agents), figsize=(5.2 * len(agents), 4.0), dpi=120, squeeze=False)
+    for ax, agent in zip(axes[0], agents):
+        for name, r in res.items():
+            if ARMS[name].kind != "main":
+                continue
+            e = r["agents"][agent]
+            xs = [st * e["rollouts_per_step"] for st, _, _ in e["curve"]]
+            ms = [m for _, m, _ in e["curve"]]
+            sds = [sd for _, _, sd in e["curve"]]
+            line, = ax.plot(xs, ms, marker="o", markersize=3, label=f"{ARMS[name].label} ({len(r['seeds'])} seeds)")
+            ax.fill_between(xs, [m - s for m, s in zip(ms, sds)], [m + s for m, s in zip(ms, sds)],
+                            color=line.get_color(), alpha=0.15)
+        ax.set_title(agent)
+        ax.set_xlabel("rollouts generated by this agent")
+        ax.set_ylabel("greedy test accuracy")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    fig.suptitle(f"preset {report['meta']['preset']}: accuracy against rollouts (mean ± std over seeds)")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def collect(root: Path, preset, steps: int) -> dict[str, dict[int, Any]]:
+    """Every finished run under ``root`` for the known arms, ``{arm: {seed: summary}}``."""
+    found: dict[str, dict[int, Any]] = {}
+    for name, arm in ARMS.items():
+        folder = root / name
+        if not folder.is_dir():
+            continue
+        for sub in sorted(folder.iterdir()):
+            if not (sub.is_dir() and sub.name.startswith("seed") and sub.name[4:].isdigit()):
+                continue
+            seed = int(sub.name[4:])
+            if finished(arm, preset, seed, steps, sub):
+                found.setdefault(name, {})[seed] = load_summary(sub)
+    return found
+
+
+def write_report(root: Path, preset, steps: int, results_dir: Path, stem: str, command: str, lanes: int) -> Path | None:
+    found = collect(root, preset, steps)
+    if not found:
+        _log(f"no finished runs under {root}")
+        return None
+    arms = {name: aggregate_arm(found[name]) for name in ARMS if name in found}
+    any_run = next(iter(next(iter(found.values())).values()))["run"]
+    report = {
+        "meta": {
+            "preset": preset.name, "agents": list(preset.agent_names), "steps": steps,
+            "prompts_per_step": preset.rl.prompts_per_step, "command": command,
+            "date": datetime.date.today().isoformat(), "cpu_count": any_run.get("cpu_count"),
+            "machine": platform.machine(), "omp_num_threads": any_run.get("omp_num_threads"), "lanes": lanes,
+            "versions": any_run.get("versions", {}), "runs_dir": str(root),
+        },
+        "arms": arms,
+        "goals": goal_checks(arms),
+        "ratio_probe": ratio_probes(root, preset, found),
+        "paired": {f"{a} - {b}": paired_differences(arms[a], arms[b])
+                   for a, b in [*MAIN_COMPARISONS, *((n, ARMS[n].reference) for n in ARMS)]
+                   if a in arms and b in arms},
+    }
+    results_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(results_dir / f"{stem}.json", report)
+    atomic_write_text(results_dir / f"{stem}.md", render_markdown(report))
+    atomic_write_bytes(results_dir / f"{stem}.png", render_plot(report))
+    return results_dir / f"{stem}.md"
+
+
+# ---------------------------------------------------------------------------------------------------------- cli
+def parse_arms(text: str) -> list[str]:
+    names: list[str] = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        chosen = GROUPS.get(item, [item])
+        for name in chosen:
+            if name not in ARMS:
+                raise ValueError(f"unknown arm {name!r}; arms: {', '.join(ARMS)}; groups: {', '.join(GROUPS)}")
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise ValueError("--arms selects no arm")
+    return names
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise ValueError(f"--seeds must name at least one seed >= 0, got {text!r}")
+    return seeds
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS))
+    parser.add_argument("--arms", default="all",
+                        help="arms or groups (main, ablations, levers, all = main + ablations), comma-separated")
+    parser.add_argument("--seeds", default=None, help="seeds for every selected arm [main arms 0,1,2; ablations 0,1]")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run [preset: 80]")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each run: one process per agent)")
+    parser.add_argument("--runs_dir", type=Path, default=None,
+                        help="where run folders go [<runs>/compare_tiny/<preset>-<steps>steps]")
+    parser.add_argument("--results_dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--report_only", action="store_true", help="only aggregate the runs already on disk")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        arms = parse_arms(args.arms)
+        seeds = parse_seeds(args.seeds) if args.seeds else None
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        if args.steps is not None and args.steps < 1:
+            raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    except ValueError as err:
+        parser.error(str(err))
+    preset = get_preset(args.preset)
+    steps = args.steps or preset.rl.num_steps
+    root = args.runs_dir or default_runs_dir() / "compare_tiny" / f"{preset.name}-{steps}steps"
+    stem = f"tiny_{preset.name}" if steps == preset.rl.num_steps else f"tiny_{preset.name}_{steps}steps"
+    command = "python benchmarks/compare_tiny.py " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+
+    failures: list[str] = []
+    if not args.report_only:
+        build_zoo(preset.agents, progress=True, jobs=2)
+        jobs = []
+        arm_seeds = {a: seeds or DEFAULT_SEEDS[ARMS[a].kind] for a in arms}
+        for seed in sorted({s for ss in arm_seeds.values() for s in ss}):
+            jobs += [(ARMS[a], seed) for a in arms if seed in arm_seeds[a]]
+        t0 = time.perf_counter()
+        failures = run_all(jobs, preset, steps, root, args.jobs)
+        _log(f"runs finished in {time.perf_counter() - t0:.0f} s")
+    path = write_report(root, preset, steps, args.results_dir, stem, command.strip(), args.jobs)
+    if path is not None:
+        _log(f"report: {path}")
+        print(path.read_text(encoding="utf-8"))
+    if failures:
+        _log("failed runs: " + "; ".join(failures))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
