@@ -175,9 +175,11 @@ def test_comparison_statistics():
     assert d["std"] == pytest.approx(math.sqrt(((0.2 - 0.075) ** 2 + (-0.05 - 0.075) ** 2) / 1))
 
     goals = compare.goal_checks({"hacpo": arm({0: 0.6, 1: 0.5}), "gspo": arm({0: 0.5, 1: 0.45}),
-                                 "gspo2x": arm({0: 0.7, 1: 0.5}), "naive": arm({0: 0.6, 1: 0.5})})
+                                 "gspo2x": arm({0: 0.7, 1: 0.5}), "naive": arm({0: 0.55, 1: 0.52})})
     by_goal = {g["goal"].split(" ", 2)[2]: g["met"] for g in goals}
-    assert by_goal == {"GSPO (same rollouts)": True, "GSPO ×2 (2G rollouts)": False, "Naive sharing": False}
+    # gspo: +0.1, +0.05; gspo2x: -0.1, 0.0 (level needs >= 0); naive: +0.05, -0.02 (mean +0.015)
+    assert by_goal == {"GSPO (same rollouts)": "yes, every seed", "GSPO ×2 (2G rollouts)": "no",
+                       "Naive sharing": "on average"}
 
     assert compare.parse_arms("main,no-clip") == ["hacpo", "gspo", "gspo2x", "naive", "no-clip"]
     with pytest.raises(ValueError, match="unknown arm"):
