@@ -33,7 +33,6 @@ import math
 import os
 import shlex
 import shutil
-import statistics
 import subprocess
 import sys
 import time
