@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import random
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -46,6 +45,7 @@ from openrlhf_hacpo.rollout import (
     render_prompt_ids,
     render_prompt_text,
 )
+from openrlhf_hacpo.trainer.checkpoint import capture_rng_state, restore_rng_state
 from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
 
 __all__ = ["PolicyWorker", "PolicyActor", "SkippableAdamW", "load_tokenizer", "view_config", "build_ds_config"]
@@ -691,7 +691,7 @@ class PolicyWorker:
         """Save weights, optimizer, scheduler, counters and RNG states under ``path`` (all ranks call it)."""
         client_state = {"updates_done": self.updates_done, "skipped_updates": self.skipped_updates}
         self.engine.save_checkpoint(path, tag=CHECKPOINT_TAG, client_state=client_state, save_latest=False)
-        torch.save(_rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
+        torch.save(capture_rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore what :meth:`save_checkpoint` wrote."""
@@ -705,7 +705,7 @@ class PolicyWorker:
         self.skipped_updates = int(client_state.get("skipped_updates", 0))
         rng_file = os.path.join(path, f"rng_rank{self.rank}.pt")
         if os.path.isfile(rng_file):
-            _set_rng_state(torch.load(rng_file, weights_only=False))
+            restore_rng_state(torch.load(rng_file, weights_only=False))
         return {"updates_done": self.updates_done, "skipped_updates": self.skipped_updates}
 
 
@@ -713,21 +713,6 @@ def _grad_norm(model: torch.nn.Module) -> float:
     """L2 norm of the accumulated gradients (before clipping), for engines that do not report one."""
     norms = [p.grad.detach().float().norm() for p in model.parameters() if p.grad is not None]
     return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _remote_class():
