@@ -10,9 +10,10 @@ with ``L_i = \sum_t mask_{i,t}`` (paper v1 numbering):
 * own rows (``j = k``, GSPO clip, eq. 47-49):
   ``obj_i = \min(s_i A_i,\ \mathrm{clip}(s_i, 1-\epsilon_{low}, 1+\epsilon_{high}) A_i)``;
 * foreign rows (``j \ne k``): stepwise window (eq. 13-14/52) ``lo = \min(1, 1 - \delta + m\,\delta_{step})``
-  (``1 - \delta`` when not stepwise), ``c_i = \mathrm{clamp}(s_i, lo, 1)``, exponential importance sampling
-  (eq. 12) and capability coefficient (eq. 10): ``obj_i = c_i\,\mathrm{sg}(c_i)^{\alpha}\,\omega_i A_i``.
-  No ``min()``: the gradient is zero outside ``[lo, 1]`` whatever the sign of ``A_i``. With
+  (``1 - \delta`` when not stepwise), ``c_i = \mathrm{clamp}(s_i, lo, hi)`` with ``hi = 1`` (paper and official
+  code; ``cross_clip_high`` raises it), exponential importance sampling (eq. 12) and capability coefficient
+  (eq. 10): ``obj_i = c_i\,\mathrm{sg}(c_i)^{\alpha}\,\omega_i A_i``.
+  No ``min()``: the gradient is zero outside ``[lo, hi]`` whatever the sign of ``A_i``. With
   ``cross_clip=False`` the clamp is dropped (``c_i = s_i``).
 
 Token-level ratios (``ratio_level="token"``, needs ``old_logp [B, T]``) apply the same rules to every token with
@@ -31,13 +32,13 @@ mini-batch loss. Rows with no valid token have objective 0 and no gradient.
 
 Gradient (sequence level): ``\partial loss/\partial\log\pi_{i,t} = -\frac{1}{D}\,w_i\,\frac{\partial obj_i}{\partial
 \ell_i}\,\frac{mask_{i,t}}{L_i}`` with ``w_i = 1`` (seq-mean) or ``L_i`` (token-mean) and
-``\partial obj/\partial\ell = s A\,1[sA \le \mathrm{clip}(s)A]`` (own), ``s\,c^\alpha\omega A\,1[lo \le s \le 1]``
+``\partial obj/\partial\ell = s A\,1[sA \le \mathrm{clip}(s)A]`` (own), ``s\,c^\alpha\omega A\,1[lo \le s \le hi]``
 (foreign), times ``1[\ell`` inside the log-ratio clamp``]``.
 
 Metrics (0-d tensors, no device sync; names as in ``openrlhf_hacpo.algorithms.losses``):
 ``own_clip_frac_lower`` / ``own_clip_frac_upper`` (own units with ``s < 1-\epsilon_{low}`` / ``s > 1+\epsilon_{high}``),
 ``foreign_clip_frac_lower`` / ``foreign_clip_frac_upper`` / ``foreign_in_window_frac`` (foreign units with
-``s < lo`` / ``s > 1`` / inside ``[lo, 1]``), ``own_ratio_mean`` / ``foreign_ratio_mean`` (mean ``s``), and the row
+``s < lo`` / ``s > hi`` / inside ``[lo, hi]``), ``own_ratio_mean`` / ``foreign_ratio_mean`` (mean ``s``), and the row
 counts ``num_own`` / ``num_foreign``; a unit is a non-empty sequence (sequence level) or a valid token (token level).
 """
 from __future__ import annotations
@@ -99,14 +100,14 @@ def _clip_log_ratio(ell, clip_val, CLIP_MODE: tl.constexpr):
 
 
 @triton.jit
-def _objective(s, adv, own, coef, eps_low, eps_high, lo, alpha, CROSS_CLIP: tl.constexpr):
+def _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, alpha, CROSS_CLIP: tl.constexpr):
     """Per-unit objective and d objective / d log-ratio (before the log-ratio clamp mask)."""
     s_cl = tl.minimum(tl.maximum(s, 1.0 - eps_low), 1.0 + eps_high)
     own_obj = tl.minimum(s * adv, s_cl * adv)
     own_d = tl.where(s * adv <= s_cl * adv, s * adv, 0.0)
     if CROSS_CLIP:
-        c = tl.minimum(tl.maximum(s, lo), 1.0)
-        in_window = (s >= lo) & (s <= 1.0)
+        c = tl.minimum(tl.maximum(s, lo), hi)
+        in_window = (s >= lo) & (s <= hi)
     else:
         c = s
         in_window = s == s
@@ -123,7 +124,7 @@ def _hacpo_fwd_kernel(
     logp_ptr, mask_ptr, old_ptr, adv_ptr, old_mean_ptr, own_ptr, coef_ptr,
     obj_ptr, rowg_ptr, partial_ptr,
     n_rows, n_cols, stride_lp, stride_mk, stride_old,
-    eps_low_arg, eps_high_arg, lo_arg, alpha_arg, clip_arg,
+    eps_low_arg, eps_high_arg, lo_arg, hi_arg, alpha_arg, clip_arg,
     TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, TOKEN_MEAN: tl.constexpr,
     NUM_STATS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
@@ -132,6 +133,7 @@ def _hacpo_fwd_kernel(
     eps_low = tl.cast(eps_low_arg, tl.float32)
     eps_high = tl.cast(eps_high_arg, tl.float32)
     lo = tl.cast(lo_arg, tl.float32)
+    hi = tl.cast(hi_arg, tl.float32)
     alpha = tl.cast(alpha_arg, tl.float32)
     clip_val = tl.cast(clip_arg, tl.float32)
 
@@ -161,7 +163,7 @@ def _hacpo_fwd_kernel(
             old = tl.load(old_ptr + rows64[:, None] * stride_old + t[None, :], mask=valid, other=0.0).to(tl.float32)
             ell, _passes = _clip_log_ratio(lp - old, clip_val, CLIP_MODE)
             s = tl.exp(ell)
-            obj_t, _d = _objective(s, adv[:, None], own[:, None], coef[:, None], eps_low, eps_high, lo, alpha,
+            obj_t, _d = _objective(s, adv[:, None], own[:, None], coef[:, None], eps_low, eps_high, lo, hi, alpha,
                                    CROSS_CLIP)
             acc += tl.sum(tl.where(valid, obj_t, 0.0), axis=1)
             own_t = valid & own[:, None]
@@ -169,7 +171,7 @@ def _hacpo_fwd_kernel(
             own_low += tl.sum((own_t & (s < 1.0 - eps_low)).to(tl.float32), axis=1)
             own_high += tl.sum((own_t & (s > 1.0 + eps_high)).to(tl.float32), axis=1)
             for_below += tl.sum((for_t & (s < lo)).to(tl.float32), axis=1)
-            for_above += tl.sum((for_t & (s > 1.0)).to(tl.float32), axis=1)
+            for_above += tl.sum((for_t & (s > hi)).to(tl.float32), axis=1)
             ratio_sum += tl.sum(tl.where(valid, s, 0.0), axis=1)
         else:
             acc += tl.sum(lp, axis=1)
@@ -192,7 +194,7 @@ def _hacpo_fwd_kernel(
         old_mean = tl.load(old_mean_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
         ell, passes = _clip_log_ratio(acc / safe_count - old_mean, clip_val, CLIP_MODE)
         s = tl.exp(ell)
-        obj, dobj = _objective(s, adv, own, coef, eps_low, eps_high, lo, alpha, CROSS_CLIP)
+        obj, dobj = _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, alpha, CROSS_CLIP)
         obj = tl.where(nonempty, obj, 0.0)
         if TOKEN_MEAN:
             loss_part = obj * count
@@ -207,7 +209,7 @@ def _hacpo_fwd_kernel(
         own_low = (own_row & (s < 1.0 - eps_low)).to(tl.float32)
         own_high = (own_row & (s > 1.0 + eps_high)).to(tl.float32)
         for_below = (for_row & (s < lo)).to(tl.float32)
-        for_above = (for_row & (s > 1.0)).to(tl.float32)
+        for_above = (for_row & (s > hi)).to(tl.float32)
         own_ratio = tl.where(own_row, s, 0.0)
         for_ratio = tl.where(for_row, s, 0.0)
 
@@ -233,7 +235,7 @@ def _hacpo_fwd_kernel(
 def _hacpo_bwd_kernel(
     logp_ptr, mask_ptr, old_ptr, adv_ptr, own_ptr, coef_ptr, rowg_ptr, dloss_ptr, denom_ptr, grad_ptr,
     n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_g,
-    eps_low_arg, eps_high_arg, lo_arg, alpha_arg, clip_arg,
+    eps_low_arg, eps_high_arg, lo_arg, hi_arg, alpha_arg, clip_arg,
     TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
@@ -251,6 +253,7 @@ def _hacpo_bwd_kernel(
         eps_low = tl.cast(eps_low_arg, tl.float32)
         eps_high = tl.cast(eps_high_arg, tl.float32)
         lo = tl.cast(lo_arg, tl.float32)
+        hi = tl.cast(hi_arg, tl.float32)
         alpha = tl.cast(alpha_arg, tl.float32)
         clip_val = tl.cast(clip_arg, tl.float32)
         adv = tl.load(adv_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
@@ -259,8 +262,8 @@ def _hacpo_bwd_kernel(
         lp = tl.load(logp_ptr + rows64[:, None] * stride_lp + t[None, :], mask=valid, other=0.0).to(tl.float32)
         old = tl.load(old_ptr + rows64[:, None] * stride_old + t[None, :], mask=valid, other=0.0).to(tl.float32)
         ell, passes = _clip_log_ratio(lp - old, clip_val, CLIP_MODE)
-        _obj, dobj = _objective(tl.exp(ell), adv[:, None], own[:, None], coef[:, None], eps_low, eps_high, lo, alpha,
-                                CROSS_CLIP)
+        _obj, dobj = _objective(tl.exp(ell), adv[:, None], own[:, None], coef[:, None], eps_low, eps_high, lo, hi,
+                                alpha, CROSS_CLIP)
         g = dobj * passes * rowg[:, None]
     else:
         g = tl.zeros([BLOCK_B, BLOCK_T], dtype=tl.float32) + rowg[:, None]
@@ -301,7 +304,7 @@ class _HacpoLossTriton(torch.autograd.Function):
             _hacpo_fwd_kernel[(n_prog,)](
                 logp, mask, old_arg, adv, old_mean_arg, own, coef, obj, rowg, partials,
                 n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0),
-                hp["eps_low"], hp["eps_high"], hp["lo"], hp["alpha"], hp["clip_val"],
+                hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["alpha"], hp["clip_val"],
                 TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
                 TOKEN_MEAN=hp["token_mean"], NUM_STATS=_NUM_STATS, BLOCK_B=block_b, BLOCK_T=block_t,
                 num_warps=4,
@@ -328,7 +331,7 @@ class _HacpoLossTriton(torch.autograd.Function):
             _hacpo_bwd_kernel[(cdiv(n_rows, block_b), cdiv(n_cols, block_t))](
                 logp, mask, old_arg, adv, own, coef, rowg, dloss.reshape(1).contiguous(), denom.reshape(1), grad,
                 n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0), grad.stride(0),
-                hp["eps_low"], hp["eps_high"], hp["lo"], hp["alpha"], hp["clip_val"],
+                hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["alpha"], hp["clip_val"],
                 TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
                 BLOCK_B=block_b, BLOCK_T=block_t, num_warps=4,
             )
@@ -373,7 +376,7 @@ def _hacpo_loss_torch(logp, mask, old_logp, adv, old_mean, own, coef, hp):
         ell = ell.clamp(max=hp["clip_val"])
     s = ell.exp()
     own_obj = torch.minimum(s * a, s.clamp(1.0 - hp["eps_low"], 1.0 + hp["eps_high"]) * a)
-    c = s.clamp(hp["lo"], 1.0) if hp["cross_clip"] else s
+    c = s.clamp(hp["lo"], hp["hi"]) if hp["cross_clip"] else s
     for_obj = c * c.detach().pow(hp["alpha"]) * w * a
     unit_obj = torch.where(o, own_obj, for_obj)
     if token_level:
@@ -396,7 +399,7 @@ def _hacpo_loss_torch(logp, mask, old_logp, adv, old_mean, own, coef, hp):
         torch.where(own_u, sd, torch.zeros_like(sd)).sum(),
         for_u.sum().to(cdt),
         (for_u & (sd < hp["lo"])).sum().to(cdt),
-        (for_u & (sd > 1.0)).sum().to(cdt),
+        (for_u & (sd > hp["hi"])).sum().to(cdt),
         torch.where(for_u, sd, torch.zeros_like(sd)).sum(),
         (nonempty & own).sum().to(cdt),
         (nonempty & ~own).sum().to(cdt),
@@ -453,6 +456,7 @@ def hacpo_loss(
     alpha: float = 1.0,
     stepwise: bool = True,
     cross_clip: bool = True,
+    cross_clip_high: float = 1.0,
     log_ratio_clip: float | None = 10.0,
     log_ratio_clip_mode: str = "symmetric",
     ratio_level: str = "sequence",
@@ -478,6 +482,7 @@ def hacpo_loss(
         alpha: exponential importance-sampling power (eq. 12), ``>= 0``.
         stepwise: tighten the foreign window with ``m`` (otherwise ``[1 - delta, 1]``).
         cross_clip: clamp foreign ratios to the window (``False``: no clamp, ablation "no Clip").
+        cross_clip_high: upper end of the foreign window (1 in the paper; ``>= 1``).
         log_ratio_clip: clamp of the log-ratio, ``None`` for none.
         log_ratio_clip_mode: ``"symmetric"`` (``[-C, C]``) or ``"upper"`` (``<= C``).
         ratio_level: ``"sequence"`` (GSPO) or ``"token"`` (needs ``old_logp``).
@@ -516,6 +521,8 @@ def hacpo_loss(
         raise ValueError(f"eps_low and eps_high must be >= 0, got {eps_low}, {eps_high}")
     if not 0.0 <= delta <= 1.0:
         raise ValueError(f"delta must be in [0, 1], got {delta}")
+    if not cross_clip_high >= 1.0:
+        raise ValueError(f"cross_clip_high must be >= 1, got {cross_clip_high}")
     if delta_step < 0:
         raise ValueError(f"delta_step must be >= 0, got {delta_step}")
     if alpha < 0:
@@ -532,6 +539,7 @@ def hacpo_loss(
         "eps_low": float(eps_low),
         "eps_high": float(eps_high),
         "lo": float(cross_clip_lower_bound(delta, delta_step, int(update_index), stepwise)),
+        "hi": float(cross_clip_high),
         "alpha": float(alpha),
         "clip_val": float(log_ratio_clip) if log_ratio_clip is not None else 0.0,
         "clip_mode": 0 if log_ratio_clip is None else (1 if log_ratio_clip_mode == "symmetric" else 2),

@@ -452,14 +452,18 @@ class PolicyWorker:
         logprob_s = time.perf_counter() - t_ref
 
         skipped_before = self.skipped_updates
-        grad_norms, lrs = [], []
+        grad_norms, lrs, foreign_ratios = [], [], []
         for m, minibatch in enumerate(plan):
-            grad_norm, lr = self._update(minibatch, m, step, ref_logp, stats)
+            grad_norm, lr = self._update(minibatch, m, step, ref_logp, stats, foreign_ratios)
             if grad_norm is not None:
                 grad_norms.append(grad_norm)
             lrs.append(lr)
         for g in grad_norms:
             stats.add("grad_norm", g, 1.0)
+        foreign_s = torch.cat(foreign_ratios) if foreign_ratios else torch.empty(0)
+        if foreign_s.numel():
+            # median of s over the foreign rows this rank trained on (ranks' medians are averaged when merged)
+            stats.add("policy/foreign_ratio_median", float(foreign_s.median()), float(foreign_s.numel()))
         stats.add("lr", lrs[-1] if lrs else 0.0, 1.0)
         total_s = time.perf_counter() - t_start
         return {
@@ -520,8 +524,9 @@ class PolicyWorker:
         return dict(zip(indices, values))
 
     def _update(self, minibatch: LearnerBatch, m: int, step: int, ref_logp: dict[int, list[float]],
-                stats: _Weighted) -> tuple[float | None, float]:
-        """One optimizer update on one global mini-batch (this rank's share, in micro-batches).
+                stats: _Weighted, foreign_ratios: list[torch.Tensor]) -> tuple[float | None, float]:
+        """One optimizer update on one global mini-batch (this rank's share, in micro-batches); the sequence ratios
+        of its foreign rows are appended to ``foreign_ratios``.
 
         Returns (gradient norm or None when skipped, learning rate of the update).
         """
@@ -540,6 +545,9 @@ class PolicyWorker:
             else:
                 loss_total += float(loss.detach())
                 self._record_loss_metrics(out.metrics, stats)
+                if out.ratios is not None:
+                    foreign = ~torch.as_tensor([r.is_own for r in micro.rows], dtype=torch.bool)
+                    foreign_ratios.append(out.ratios.detach().float().cpu()[foreign])
             # DeepSpeed averages gradients over data-parallel ranks; the loss denominators are global totals
             engine.backward(loss * self.world_size, scale_wrt_gas=False)
             if micro is micros[-1]:
@@ -609,10 +617,12 @@ class PolicyWorker:
     def _record_loss_metrics(metrics: dict[str, float], stats: _Weighted) -> None:
         n_own, n_foreign = metrics.get("num_own", 0.0), metrics.get("num_foreign", 0.0)
         for key, value in metrics.items():
-            if key in ("num_own", "num_foreign", "loss"):
+            if key in ("num_own", "num_foreign", "num_foreign_pos", "loss"):
                 continue
             if key.startswith("own_"):
                 weight = n_own
+            elif key.startswith("foreign_pos_"):
+                weight = metrics.get("num_foreign_pos", 0.0)
             elif key.startswith("foreign_"):
                 weight = n_foreign
             else:

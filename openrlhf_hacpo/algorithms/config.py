@@ -174,6 +174,9 @@ class PolicyLossConfig:
     * ``delta_step``: the bound rises by ``delta_step`` per optimizer update m in the step, capped at 1 (eq. 14).
     * ``stepwise``: ``False`` keeps the bound fixed at 1 − delta (the "no Stepwise" ablation).
     * ``cross_clip``: ``False`` drops the foreign clamp entirely, c = s (the "no Clip" ablation).
+    * ``cross_clip_high``: upper end of the foreign window [lo_m, high]; 1 in the paper and both official codes.
+      Values above 1 (an extension of this project, measured in ``benchmarks/compare_tiny.py``) also train on
+      foreign rollouts the learner already finds more likely than their source did (s in (1, high]).
     * ``alpha``: exponent of the detached weight sg(c)^alpha (eq. 12); 0 disables exponential IS.
     * ``capability_coef``: multiply foreign objectives by ω^(j,k) (eq. 10); ``False`` is the "HACPO − ω" ablation.
     * ``log_ratio_clip``: clamp of the log importance ratio (``None``: no clamp); ``log_ratio_clip_mode``
@@ -194,6 +197,7 @@ class PolicyLossConfig:
     delta_step: float = 0.025
     stepwise: bool = True
     cross_clip: bool = True
+    cross_clip_high: float = 1.0
     alpha: float = 1.0
     capability_coef: bool = True
     log_ratio_clip: float | None = 10.0
@@ -217,6 +221,9 @@ class PolicyLossConfig:
             _fail(owner, "eps_low", "< 1", self.eps_low)
         if self.delta > 1:
             _fail(owner, "delta", "<= 1", self.delta)
+        _check_real(owner, "cross_clip_high", self.cross_clip_high)
+        if not self.cross_clip_high >= 1.0:
+            _fail(owner, "cross_clip_high", ">= 1", self.cross_clip_high)
         for name in ("stepwise", "cross_clip", "capability_coef"):
             _check_bool(owner, name, getattr(self, name))
         if self.log_ratio_clip is not None:

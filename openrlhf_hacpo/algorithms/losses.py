@@ -82,11 +82,13 @@ class PolicyLossInput:
 
 @dataclass
 class PolicyLossOutput:
-    """``loss``: scalar to minimise; ``objectives``: [B] detached per-row objectives; ``metrics``: floats."""
+    """``loss``: scalar to minimise; ``objectives``: [B] detached per-row objectives; ``metrics``: floats;
+    ``ratios``: [B] detached sequence ratios s (after the log-ratio clamp; ``None`` with token-level ratios)."""
 
     loss: torch.Tensor
     objectives: torch.Tensor
     metrics: dict[str, float]
+    ratios: torch.Tensor | None = None
 
 
 PolicyLossFn = Callable[[PolicyLossInput, PolicyLossConfig], PolicyLossOutput]
@@ -137,13 +139,14 @@ def self_clip_objective(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: 
 
 
 def cross_objective(ratio: torch.Tensor, advantages: torch.Tensor, coef: torch.Tensor | float, lower: float,
-                    alpha: float, clip: bool = True) -> torch.Tensor:
-    """Foreign-row objective c · sg(c)^α · ω^(j,k) · A with c = clamp(s, lower, 1) (eqs. 10–14, 50–52).
+                    alpha: float, clip: bool = True, upper: float = 1.0) -> torch.Tensor:
+    """Foreign-row objective c · sg(c)^α · ω^(j,k) · A with c = clamp(s, lower, upper) (eqs. 10–14, 50–52).
 
-    No min(): the gradient is sg(c)^α · ω · A · ∇s inside [lower, 1] and exactly zero outside (Prop. D.6).
-    ``clip=False`` uses c = s (the "no Clip" ablation).
+    No min(): the gradient is sg(c)^α · ω · A · ∇s inside [lower, upper] and exactly zero outside (Prop. D.6).
+    ``upper`` is 1 in the paper (``PolicyLossConfig.cross_clip_high``); ``clip=False`` uses c = s (the "no Clip"
+    ablation).
     """
-    c = ratio.clamp(lower, 1.0) if clip else ratio
+    c = ratio.clamp(lower, upper) if clip else ratio
     return c * c.detach().pow(alpha) * coef * advantages
 
 
@@ -316,7 +319,7 @@ def _policy_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, name: str, *, toke
     objective = self_clip_objective(ratio, adv, cfg.eps_low, cfg.eps_high)
     if foreign == "cross" and num_foreign:
         coef = rows(batch.coef) if cfg.capability_coef else 1.0
-        cross = cross_objective(ratio, adv, coef, lower, cfg.alpha, clip=cfg.cross_clip)
+        cross = cross_objective(ratio, adv, coef, lower, cfg.alpha, clip=cfg.cross_clip, upper=cfg.cross_clip_high)
         objective = torch.where(own, objective, cross)
 
     # aggregation (the denominators are the mini-batch totals when given)
@@ -347,7 +350,8 @@ def _policy_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, name: str, *, toke
 
     metrics = _metrics(batch, ratio.detach(), seq_log_ratio, per_token, token_level, foreign, cfg, lower,
                        seq_objective.detach(), pg_loss.detach(), kl.detach(), loss.detach())
-    return PolicyLossOutput(loss=loss, objectives=seq_objective.detach(), metrics=metrics)
+    seq_ratios = None if token_level else (torch.exp(seq_log_ratio) if per_token else ratio.detach())
+    return PolicyLossOutput(loss=loss, objectives=seq_objective.detach(), metrics=metrics, ratios=seq_ratios)
 
 
 def _metrics(batch: _Batch, ratio: torch.Tensor, seq_log_ratio: torch.Tensor | None, per_token: bool,
@@ -363,10 +367,12 @@ def _metrics(batch: _Batch, ratio: torch.Tensor, seq_log_ratio: torch.Tensor | N
         own_w = batch.is_own.to(batch.maskf.dtype)
         foreign_w = 1.0 - own_w
     if foreign == "cross":
-        f_low, f_high = lower, 1.0
+        f_low, f_high = lower, cfg.cross_clip_high
     else:
         f_low, f_high = 1.0 - cfg.eps_low, 1.0 + cfg.eps_high
     below, above = values < f_low, values > f_high
+    positive = batch.advantages[:, None] > 0 if token_level else batch.advantages > 0
+    foreign_pos_w = foreign_w * positive.to(foreign_w.dtype)
     stats = torch.stack([
         loss, pg_loss, kl, seq_objective.mean(),
         (values * own_w).sum() / own_w.sum().clamp(min=1),
@@ -376,14 +382,19 @@ def _metrics(batch: _Batch, ratio: torch.Tensor, seq_log_ratio: torch.Tensor | N
         _fraction(below, foreign_w),
         _fraction(above, foreign_w),
         _fraction(~below & ~above, foreign_w),
+        _fraction(below, foreign_pos_w),
+        _fraction(above, foreign_pos_w),
+        _fraction(~below & ~above, foreign_pos_w),
     ]).tolist()
     keys = ("loss", "pg_loss", "kl", "objective_mean", "own_ratio_mean", "own_clip_frac_lower",
             "own_clip_frac_upper", "foreign_ratio_mean", "foreign_clip_frac_lower", "foreign_clip_frac_upper",
-            "foreign_in_window_frac")
+            "foreign_in_window_frac", "foreign_pos_clip_frac_lower", "foreign_pos_clip_frac_upper",
+            "foreign_pos_in_window_frac")
     metrics = dict(zip(keys, (float(v) for v in stats)))
     num_own = int(batch.is_own.sum())
     metrics["num_own"] = float(num_own)
     metrics["num_foreign"] = float(batch.is_own.numel() - num_own)
+    metrics["num_foreign_pos"] = float((~batch.is_own & (batch.advantages > 0)).sum())
     metrics["cross_lower_bound"] = float(lower)
     return metrics
 
@@ -412,7 +423,8 @@ def gspo_loss(inp: PolicyLossInput, cfg: PolicyLossConfig) -> PolicyLossOutput:
 def hacpo_loss(inp: PolicyLossInput, cfg: PolicyLossConfig) -> PolicyLossOutput:
     """HACPO: own rows as GSPO; foreign rows c·sg(c)^α·ω^(j,k)·A, c = clamp(s, lo_m, 1), no min() (eq. 53).
 
-    Switches: ``cross_clip`` (c = s when off), ``stepwise`` (lo fixed at 1 − δ when off), ``capability_coef``
+    Switches: ``cross_clip`` (c = s when off), ``cross_clip_high`` (upper end of the window, 1 by default),
+    ``stepwise`` (lo fixed at 1 − δ when off), ``capability_coef``
     (ω^(j,k) = 1 when off), ``alpha`` (0 disables the exponential weight).
     """
     return _policy_loss(inp, cfg, "hacpo", token_level=cfg.ratio_level == "token", foreign="cross")

@@ -38,7 +38,7 @@ from openrlhf_hacpo.trainer.config import (
 __all__ = ["build_parser", "build_config", "parse_agent_spec", "load_agents_file", "run", "main"]
 
 # HACPO-only switches: they shape foreign rows, so single-agent algorithms reject them
-_FOREIGN_FLAGS = ("alpha", "cross_clip_delta", "cross_clip_step", "no_stepwise", "no_cross_clip",
+_FOREIGN_FLAGS = ("alpha", "cross_clip_delta", "cross_clip_step", "cross_clip_high", "no_stepwise", "no_cross_clip",
                   "no_capability_coef")
 _SHARED_ROLLOUT_FLAGS = ("no_capability_advantage",)
 
@@ -195,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"δ: foreign ratios are clipped to [1-δ, 1] (eq. 13) [{hacpo.loss.delta}]")
     g.add_argument("--cross_clip_step", type=float, default=None,
                    help=f"δ_step: the lower bound rises by this per update m (eq. 14) [{hacpo.loss.delta_step}]")
+    g.add_argument("--cross_clip_high", type=float, default=None,
+                   help="upper end of the foreign window [lo, high]; above 1 also trains on foreign rollouts the "
+                   f"learner already finds likelier than their source did (extension, not in the paper) "
+                   f"[{hacpo.loss.cross_clip_high}]")
     g.add_argument("--no_stepwise", action="store_true", help="fixed foreign lower bound 1-δ")
     g.add_argument("--no_cross_clip", action="store_true", help="no clamp on foreign ratios")
     g.add_argument("--no_capability_advantage", action="store_true",
@@ -304,6 +308,7 @@ def _algorithm_config(args: argparse.Namespace) -> HACPOConfig:
         ("capability_ratio_min", cap, "ratio_min"), ("capability_ratio_max", cap, "ratio_max"),
         ("capability_warmup_steps", cap, "warmup_steps"),
         ("alpha", loss, "alpha"), ("cross_clip_delta", loss, "delta"), ("cross_clip_step", loss, "delta_step"),
+        ("cross_clip_high", loss, "cross_clip_high"),
         ("eps_clip_low", loss, "eps_low"), ("eps_clip_high", loss, "eps_high"), ("loss_agg", loss, "loss_agg"),
         ("ratio_level", loss, "ratio_level"), ("log_ratio_clip", loss, "log_ratio_clip"),
         ("init_kl_coef", loss, "kl_coef"),

@@ -84,6 +84,12 @@ def test_hacpo_foreign_rows_by_hand():
     assert out.metrics["cross_lower_bound"] == pytest.approx(0.8)
     assert out.metrics["foreign_ratio_mean"] == pytest.approx((0.9 + 1.2 + 0.5) / 3)
     assert out.metrics["num_foreign"] == 3.0 and out.metrics["num_own"] == 0.0
+    # among the foreign rows with A > 0 (rows 0 and 2): one inside the window, one below it
+    assert out.metrics["num_foreign_pos"] == 2.0
+    assert out.metrics["foreign_pos_in_window_frac"] == pytest.approx(0.5)
+    assert out.metrics["foreign_pos_clip_frac_lower"] == pytest.approx(0.5)
+    assert out.metrics["foreign_pos_clip_frac_upper"] == 0.0
+    assert out.ratios.tolist() == pytest.approx([0.9, 1.2, 0.5], abs=1e-12)
 
 
 def foreign_row(s, adv=1.0, coef=2.0, **extra):
@@ -102,6 +108,23 @@ def test_hacpo_alpha_weights_and_switches():
     out, grad = loss_and_grad("hacpo", foreign_row(1.3), cfg(cross_clip=False))
     assert out.objectives.item() == pytest.approx(1.3 ** 2 * 2.0)
     assert grad.item() == pytest.approx(-(1.3 ** 2) * 2.0)
+
+
+def test_cross_clip_high_widens_the_window_above_one():
+    # window [0.8, 1.25]: s = 1.2 is inside (weight 1.2^α, gradient s^(α+1)·ω·A), s = 1.3 is clamped to 1.25
+    out, grad = loss_and_grad("hacpo", foreign_row(1.2, adv=-0.5), cfg(cross_clip_high=1.25))
+    assert out.objectives.item() == pytest.approx(1.2 ** 2 * 2.0 * -0.5)
+    assert grad.item() == pytest.approx(1.2 ** 2 * 2.0 * 0.5)
+    assert out.metrics["foreign_in_window_frac"] == 1.0 and out.metrics["foreign_clip_frac_upper"] == 0.0
+    out, grad = loss_and_grad("hacpo", foreign_row(1.3), cfg(cross_clip_high=1.25))
+    assert out.objectives.item() == pytest.approx(1.25 ** 2 * 2.0)
+    assert grad.item() == 0.0
+    assert out.metrics["foreign_clip_frac_upper"] == 1.0
+    # the default keeps the paper's upper end 1: s = 1.2 gets no gradient
+    _, grad = loss_and_grad("hacpo", foreign_row(1.2), cfg())
+    assert grad.item() == 0.0
+    with pytest.raises(ValueError, match="cross_clip_high"):
+        cfg(cross_clip_high=0.95)
 
 
 def test_stepwise_lower_bound():
@@ -240,11 +263,11 @@ def test_matches_reference_on_a_mixed_batch():
     old = [m - math.log(s) for m, s in zip(means, ratios)]
     adv, own, coef = [0.3, -1.2, 0.8, 1.5, -0.4, 2.0], [True, False, False, False, False, True], \
         [1.0, 3.0, 0.5, 2.0, 1.5, 1.0]
-    for name, rule in (("hacpo", "cross"), ("naive", "self_clip")):
+    for name, rule, high in (("hacpo", "cross", 1.0), ("naive", "self_clip", 1.0), ("hacpo", "cross", 1.1)):
         inp = make_input(logp, old, adv, own, coef=coef, mask=mask, update_index=1)
-        out, grad = loss_and_grad(name, inp, cfg(alpha=2.0))
+        out, grad = loss_and_grad(name, inp, cfg(alpha=2.0, cross_clip_high=high))
         loss, objectives, ref_grad = reference_sequence_loss(logp, mask, adv, old, own, coef, m=1, alpha=2.0,
-                                                            foreign_rule=rule)
+                                                            foreign_rule=rule, cross_clip_high=high)
         assert out.loss.item() == pytest.approx(loss, abs=1e-12)
         assert out.objectives.tolist() == pytest.approx(objectives, abs=1e-12)
         torch.testing.assert_close(grad, f64(ref_grad), rtol=0, atol=1e-12)

@@ -95,6 +95,7 @@ VARIANTS = {
     "symmetric_tight_clip": dict(log_ratio_clip=0.05),
     "no_log_clip": dict(log_ratio_clip=None),
     "no_cross_clip": dict(cross_clip=False, alpha=2.0),
+    "window_above_one": dict(cross_clip_high=1.3, alpha=2.0),
     "not_stepwise": dict(stepwise=False, update_index=3, delta=0.1),
     "late_step": dict(update_index=5, delta_step=0.03, alpha=0.0),
     "token_mean": dict(loss_agg="token-mean", num_tokens=400),
@@ -209,6 +210,8 @@ def test_bad_inputs_raise_clear_errors():
         hacpo_loss(*args, loss_agg="sum")
     with pytest.raises(ValueError, match="delta"):
         hacpo_loss(*args, delta=1.5)
+    with pytest.raises(ValueError, match="cross_clip_high"):
+        hacpo_loss(*args, cross_clip_high=0.9)
     with pytest.raises(ValueError, match="update_index"):
         hacpo_loss(*args, update_index=-1)
     with pytest.raises(ValueError, match="log_ratio_clip_mode"):
@@ -222,6 +225,8 @@ PARITY = [
     dict(),
     dict(log_ratio_clip=0.05, log_ratio_clip_mode="upper", update_index=2),
     dict(cross_clip=False, alpha=0.5),
+    dict(cross_clip_high=1.2, update_index=1),
+    dict(ratio_level="token", cross_clip_high=1.15),
     dict(stepwise=False, update_index=4),
     dict(loss_agg="token-mean"),
     dict(ratio_level="token", eps_low=0.2, eps_high=0.28),

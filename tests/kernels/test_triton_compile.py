@@ -65,7 +65,8 @@ def compile_all() -> list[str]:
            "stride_row": "i64", "stride_drow": "i64"},
           {"INV_TEMP": 2.0, "HAS_DLOGP": False, "HAS_DENTROPY": True, "BLOCK_V": 1024}, 4)
     for token_level, clip_mode, float_arg in ((False, 1, "fp32"), (True, 2, "fp64"), (False, 0, "fp64")):
-        floats = {name: float_arg for name in ("eps_low_arg", "eps_high_arg", "lo_arg", "alpha_arg", "clip_arg")}
+        floats = {name: float_arg
+                  for name in ("eps_low_arg", "eps_high_arg", "lo_arg", "hi_arg", "alpha_arg", "clip_arg")}
         fwd_sig = {name: "*fp32" for name in ("logp_ptr", "old_ptr", "adv_ptr", "old_mean_ptr", "coef_ptr",
                                               "obj_ptr", "rowg_ptr", "partial_ptr")}
         fwd_sig.update(mask_ptr="*u8", own_ptr="*u8", n_rows="i32", n_cols="i32", stride_lp="i32",

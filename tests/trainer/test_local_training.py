@@ -198,3 +198,57 @@ def test_resume_rejects_a_checkpoint_of_other_agents(tmp_path, tiny_agents, base
     with pytest.raises(ValueError, match=r"holds agents \['llama'\]"):
         run(base_args(tmp_path, "--no_ray", *_agent(tiny_agents, "qwen"), "--train_batch_size", "8",
                       "--max_steps", "2", "--resume"))
+
+
+def test_worker_update_equals_a_hand_written_gspo_step(tmp_path, tiny_agents, base_args, prompt_file):
+    """The policy worker's GSPO update on its own rollouts (DeepSpeed ZeRO-2, two micro-batches) is one hand-written
+    step on a copy of the initial model: group-normalised rewards (eq. 6 with one agent), the sequence ratio of
+    eq. 25 computed from a plain forward pass, the mean over sequences, torch Adam. The gradient norm before
+    clipping checks the scale of the gradient (Adam's first step is scale-free), the parameter change its direction.
+    """
+    import copy
+
+    from openrlhf_hacpo.actors.policy import PolicyWorker
+    from openrlhf_hacpo.data.prompts import load_prompt_dataset
+    from openrlhf_hacpo.engines.base import SamplingConfig
+
+    cfg = build_config(base_args(tmp_path, "--no_ray", "--algorithm", "gspo", "--agent",
+                                 f"name=qwen,pretrain={tiny_agents['qwen']}", "--train_batch_size", "8",
+                                 "--micro_train_batch_size", "4", "--lr_scheduler", "constant",
+                                 "--adam_betas", "0.9", "0.99", "--max_norm", "100"))
+    worker = PolicyWorker(cfg, 0, total_updates=1)
+    worker.setup()
+    hand_model = copy.deepcopy(worker.model).float().train()
+    initial = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
+    records = load_prompt_dataset(prompt_file, "input", "label", "train", None)[:2]
+    trajectories = worker.rollout(records, SamplingConfig(n=4, max_new_tokens=8, seed=11), step=1)["trajectories"]
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    for traj, reward in zip(trajectories, rewards):
+        traj.reward = reward
+    result = worker.train_step(trajectories, 1, [[1.0]])
+    worker_grad_norm = result["metrics"]["grad_norm"][0]
+
+    tokenizer = worker.tokenizer
+    grouped = torch.tensor(rewards, dtype=torch.float64).view(2, 4)
+    advantages = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6)).view(-1)
+    loss = torch.zeros(())
+    for i, traj in enumerate(trajectories):
+        text = tokenizer.apply_chat_template(records[i // 4].prompt, add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        response = traj.action_token_ids()
+        ids = torch.tensor([prompt + response])
+        logits = hand_model(input_ids=ids).logits[0, len(prompt) - 1:-1]
+        token_logp = torch.log_softmax(logits.float(), -1).gather(-1, ids[0, len(prompt):, None])[:, 0]
+        mean_logp = token_logp.mean()
+        ratio = torch.exp(mean_logp - mean_logp.detach())  # s = 1 with gradient ∇ mean log π (eq. 25)
+        loss = loss - float(advantages[i]) * ratio / len(trajectories)
+    optimizer = torch.optim.Adam(hand_model.parameters(), lr=1e-3, betas=(0.9, 0.99))
+    loss.backward()
+    hand_grad_norm = float(torch.nn.utils.clip_grad_norm_(hand_model.parameters(), 100.0))
+    optimizer.step()
+
+    assert hand_grad_norm > 1e-3
+    assert worker_grad_norm == pytest.approx(hand_grad_norm, rel=1e-4)
+    hand = {n: p.detach() for n, p in hand_model.named_parameters()}
+    trained = {n: p.detach() for n, p in worker.model.named_parameters()}
+    assert _relative_change(trained, hand, initial) < 1e-3

@@ -20,6 +20,7 @@ STEP_KEYS = [
     "reward/mean", "capability", "advantage/mean", "advantage/std", "policy/own_ratio_mean",
     "policy/own_clip_frac_lower", "policy/own_clip_frac_upper", "policy/foreign_ratio_mean",
     "policy/foreign_clip_frac_lower", "policy/foreign_clip_frac_upper", "policy/foreign_in_window_frac",
+    "policy/foreign_ratio_median",
     "view/truncated_fraction", "response/tokens_mean", "response/truncated_fraction", "rollout/tokens_per_s",
     "time/generate", "time/reward", "time/logprob", "time/update", "time/sync", "loss", "grad_norm", "lr",
     "skipped_updates",
