@@ -53,6 +53,7 @@ __all__ = ["hacpo_loss", "cross_clip_lower_bound", "METRIC_NAMES", "LOSS_AGGS", 
 LOSS_AGGS = ("seq-mean-token-mean", "token-mean")
 RATIO_LEVELS = ("sequence", "token")
 CLIP_MODES = ("symmetric", "upper")
+CROSS_CLIP_MODES = ("clamp", "pessimistic")
 
 # layout of the per-program partial sums
 _S_LOSS, _S_ROWS, _S_TOKENS = 0, 1, 2
@@ -100,7 +101,8 @@ def _clip_log_ratio(ell, clip_val, CLIP_MODE: tl.constexpr):
 
 
 @triton.jit
-def _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, alpha, CROSS_CLIP: tl.constexpr):
+def _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, alpha, CROSS_CLIP: tl.constexpr,
+               CROSS_MIN: tl.constexpr):
     """Per-unit objective and d objective / d log-ratio (before the log-ratio clamp mask)."""
     s_cl = tl.minimum(tl.maximum(s, 1.0 - eps_low), 1.0 + eps_high)
     own_obj = tl.minimum(s * adv, s_cl * adv)
@@ -112,8 +114,13 @@ def _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, alpha, CROSS_CLIP: 
         c = s
         in_window = s == s
     weight = tl.where(alpha == 0.0, 1.0, tl.exp(alpha * tl.log(c)))
-    for_obj = c * weight * coef * adv
-    for_d = tl.where(in_window, s * weight * coef * adv, 0.0)
+    if CROSS_MIN:
+        # pessimistic foreign rule: min(s·A, c·A)·sg(c)^α·ω, gradient where the unclipped branch is the minimum
+        for_obj = tl.minimum(s * adv, c * adv) * weight * coef
+        for_d = tl.where(s * adv <= c * adv, s * weight * coef * adv, 0.0)
+    else:
+        for_obj = c * weight * coef * adv
+        for_d = tl.where(in_window, s * weight * coef * adv, 0.0)
     obj = tl.where(own, own_obj, for_obj)
     dobj = tl.where(own, own_d, for_d)
     return obj, dobj
@@ -125,7 +132,8 @@ def _hacpo_fwd_kernel(
     obj_ptr, rowg_ptr, partial_ptr,
     n_rows, n_cols, stride_lp, stride_mk, stride_old,
     eps_low_arg, eps_high_arg, lo_arg, hi_arg, alpha_arg, clip_arg,
-    TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, TOKEN_MEAN: tl.constexpr,
+    TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, CROSS_MIN: tl.constexpr,
+    TOKEN_MEAN: tl.constexpr,
     NUM_STATS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """BLOCK_B rows per program: masked sums over T tiles, per-row objective and gradient factor, partial sums."""
@@ -164,7 +172,7 @@ def _hacpo_fwd_kernel(
             ell, _passes = _clip_log_ratio(lp - old, clip_val, CLIP_MODE)
             s = tl.exp(ell)
             obj_t, _d = _objective(s, adv[:, None], own[:, None], coef[:, None], eps_low, eps_high, lo, hi, alpha,
-                                   CROSS_CLIP)
+                                   CROSS_CLIP, CROSS_MIN)
             acc += tl.sum(tl.where(valid, obj_t, 0.0), axis=1)
             own_t = valid & own[:, None]
             for_t = valid & (own[:, None] == 0)
@@ -194,7 +202,7 @@ def _hacpo_fwd_kernel(
         old_mean = tl.load(old_mean_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
         ell, passes = _clip_log_ratio(acc / safe_count - old_mean, clip_val, CLIP_MODE)
         s = tl.exp(ell)
-        obj, dobj = _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, alpha, CROSS_CLIP)
+        obj, dobj = _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, alpha, CROSS_CLIP, CROSS_MIN)
         obj = tl.where(nonempty, obj, 0.0)
         if TOKEN_MEAN:
             loss_part = obj * count
@@ -236,7 +244,7 @@ def _hacpo_bwd_kernel(
     logp_ptr, mask_ptr, old_ptr, adv_ptr, own_ptr, coef_ptr, rowg_ptr, dloss_ptr, denom_ptr, grad_ptr,
     n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_g,
     eps_low_arg, eps_high_arg, lo_arg, hi_arg, alpha_arg, clip_arg,
-    TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr,
+    TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, CROSS_MIN: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """d loss / d logp[i, t] = -(dloss / D) * mask * (row factor [* d o_t / d ell_t at token level])."""
@@ -263,7 +271,7 @@ def _hacpo_bwd_kernel(
         old = tl.load(old_ptr + rows64[:, None] * stride_old + t[None, :], mask=valid, other=0.0).to(tl.float32)
         ell, passes = _clip_log_ratio(lp - old, clip_val, CLIP_MODE)
         _obj, dobj = _objective(tl.exp(ell), adv[:, None], own[:, None], coef[:, None], eps_low, eps_high, lo, hi,
-                                alpha, CROSS_CLIP)
+                                alpha, CROSS_CLIP, CROSS_MIN)
         g = dobj * passes * rowg[:, None]
     else:
         g = tl.zeros([BLOCK_B, BLOCK_T], dtype=tl.float32) + rowg[:, None]
@@ -306,6 +314,7 @@ class _HacpoLossTriton(torch.autograd.Function):
                 n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0),
                 hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["alpha"], hp["clip_val"],
                 TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
+                CROSS_MIN=hp["cross_min"],
                 TOKEN_MEAN=hp["token_mean"], NUM_STATS=_NUM_STATS, BLOCK_B=block_b, BLOCK_T=block_t,
                 num_warps=4,
             )
@@ -333,6 +342,7 @@ class _HacpoLossTriton(torch.autograd.Function):
                 n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0), grad.stride(0),
                 hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["alpha"], hp["clip_val"],
                 TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
+                CROSS_MIN=hp["cross_min"],
                 BLOCK_B=block_b, BLOCK_T=block_t, num_warps=4,
             )
         return (grad,) + (None,) * 7
@@ -377,7 +387,8 @@ def _hacpo_loss_torch(logp, mask, old_logp, adv, old_mean, own, coef, hp):
     s = ell.exp()
     own_obj = torch.minimum(s * a, s.clamp(1.0 - hp["eps_low"], 1.0 + hp["eps_high"]) * a)
     c = s.clamp(hp["lo"], hp["hi"]) if hp["cross_clip"] else s
-    for_obj = c * c.detach().pow(hp["alpha"]) * w * a
+    weight = c.detach().pow(hp["alpha"]) * w
+    for_obj = torch.minimum(s * a, c * a) * weight if hp["cross_min"] else c * weight * a
     unit_obj = torch.where(o, own_obj, for_obj)
     if token_level:
         unit_obj = torch.where(valid, unit_obj, zero)
@@ -457,6 +468,7 @@ def hacpo_loss(
     stepwise: bool = True,
     cross_clip: bool = True,
     cross_clip_high: float = 1.0,
+    cross_clip_mode: str = "clamp",
     log_ratio_clip: float | None = 10.0,
     log_ratio_clip_mode: str = "symmetric",
     ratio_level: str = "sequence",
@@ -483,6 +495,8 @@ def hacpo_loss(
         stepwise: tighten the foreign window with ``m`` (otherwise ``[1 - delta, 1]``).
         cross_clip: clamp foreign ratios to the window (``False``: no clamp, ablation "no Clip").
         cross_clip_high: upper end of the foreign window (1 in the paper; ``>= 1``).
+        cross_clip_mode: ``"clamp"`` (paper) or ``"pessimistic"`` (``min(s A, c A) sg(c)^alpha omega``: positive
+            advantages below the window and negative ones above it keep their gradient).
         log_ratio_clip: clamp of the log-ratio, ``None`` for none.
         log_ratio_clip_mode: ``"symmetric"`` (``[-C, C]``) or ``"upper"`` (``<= C``).
         ratio_level: ``"sequence"`` (GSPO) or ``"token"`` (needs ``old_logp``).
@@ -521,6 +535,8 @@ def hacpo_loss(
         raise ValueError(f"eps_low and eps_high must be >= 0, got {eps_low}, {eps_high}")
     if not 0.0 <= delta <= 1.0:
         raise ValueError(f"delta must be in [0, 1], got {delta}")
+    if cross_clip_mode not in CROSS_CLIP_MODES:
+        raise ValueError(f"cross_clip_mode must be one of {CROSS_CLIP_MODES}, got {cross_clip_mode!r}")
     if not cross_clip_high >= 1.0:
         raise ValueError(f"cross_clip_high must be >= 1, got {cross_clip_high}")
     if delta_step < 0:
@@ -544,6 +560,7 @@ def hacpo_loss(
         "clip_val": float(log_ratio_clip) if log_ratio_clip is not None else 0.0,
         "clip_mode": 0 if log_ratio_clip is None else (1 if log_ratio_clip_mode == "symmetric" else 2),
         "cross_clip": bool(cross_clip),
+        "cross_min": bool(cross_clip) and cross_clip_mode == "pessimistic",
         "token_level": token_level,
         "token_mean": loss_agg == "token-mean",
         "num_seqs": num_seqs,

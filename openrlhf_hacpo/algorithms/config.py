@@ -29,6 +29,7 @@ PRESETS = (
 CAPABILITY_METRICS = ("positive_rate", "mean_reward")
 ADVANTAGE_SCOPES = ("joint", "own")
 LOG_RATIO_CLIP_MODES = ("symmetric", "upper")
+CROSS_CLIP_MODES = ("clamp", "pessimistic")
 RATIO_LEVELS = ("sequence", "token")
 GSPO_FORMS = ("sequence", "token")
 LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
@@ -177,6 +178,10 @@ class PolicyLossConfig:
     * ``cross_clip_high``: upper end of the foreign window [lo_m, high]; 1 in the paper and both official codes.
       Values above 1 (an extension of this project, measured in ``benchmarks/compare_tiny.py``) also train on
       foreign rollouts the learner already finds more likely than their source did (s in (1, high]).
+    * ``cross_clip_mode``: ``"clamp"`` (paper and official code): c · sg(c)^α · ω · A with c = clamp(s, lo, high),
+      zero gradient outside the window whatever the sign of A. ``"pessimistic"`` (an extension, measured in
+      ``benchmarks/compare_tiny.py``): PPO's min(s·A, c·A) · sg(c)^α · ω, so a positive-advantage foreign row below
+      the window and a negative one above it keep their gradient (weight s), the other two cases are dropped.
     * ``alpha``: exponent of the detached weight sg(c)^alpha (eq. 12); 0 disables exponential IS.
     * ``capability_coef``: multiply foreign objectives by ω^(j,k) (eq. 10); ``False`` is the "HACPO − ω" ablation.
     * ``log_ratio_clip``: clamp of the log importance ratio (``None``: no clamp); ``log_ratio_clip_mode``
@@ -198,6 +203,7 @@ class PolicyLossConfig:
     stepwise: bool = True
     cross_clip: bool = True
     cross_clip_high: float = 1.0
+    cross_clip_mode: str = "clamp"
     alpha: float = 1.0
     capability_coef: bool = True
     log_ratio_clip: float | None = 10.0
@@ -231,6 +237,7 @@ class PolicyLossConfig:
             if self.log_ratio_clip <= 0:
                 _fail(owner, "log_ratio_clip", "> 0 or None", self.log_ratio_clip)
         _check_choice(owner, "log_ratio_clip_mode", self.log_ratio_clip_mode, LOG_RATIO_CLIP_MODES)
+        _check_choice(owner, "cross_clip_mode", self.cross_clip_mode, CROSS_CLIP_MODES)
         _check_choice(owner, "ratio_level", self.ratio_level, RATIO_LEVELS)
         _check_choice(owner, "gspo_form", self.gspo_form, GSPO_FORMS)
         _check_choice(owner, "loss_agg", self.loss_agg, LOSS_AGGREGATIONS)

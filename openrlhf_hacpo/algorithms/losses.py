@@ -139,15 +139,19 @@ def self_clip_objective(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: 
 
 
 def cross_objective(ratio: torch.Tensor, advantages: torch.Tensor, coef: torch.Tensor | float, lower: float,
-                    alpha: float, clip: bool = True, upper: float = 1.0) -> torch.Tensor:
+                    alpha: float, clip: bool = True, upper: float = 1.0, mode: str = "clamp") -> torch.Tensor:
     """Foreign-row objective c · sg(c)^α · ω^(j,k) · A with c = clamp(s, lower, upper) (eqs. 10–14, 50–52).
 
     No min(): the gradient is sg(c)^α · ω · A · ∇s inside [lower, upper] and exactly zero outside (Prop. D.6).
     ``upper`` is 1 in the paper (``PolicyLossConfig.cross_clip_high``); ``clip=False`` uses c = s (the "no Clip"
-    ablation).
+    ablation). ``mode="pessimistic"`` (an extension) takes min(s·A, c·A) · sg(c)^α · ω instead: positive A below
+    the window and negative A above it keep the gradient sg(c)^α · ω · A · ∇s.
     """
     c = ratio.clamp(lower, upper) if clip else ratio
-    return c * c.detach().pow(alpha) * coef * advantages
+    weight = c.detach().pow(alpha) * coef
+    if mode == "pessimistic" and clip:
+        return torch.minimum(ratio * advantages, c * advantages) * weight
+    return c * weight * advantages
 
 
 def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
@@ -319,7 +323,8 @@ def _policy_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, name: str, *, toke
     objective = self_clip_objective(ratio, adv, cfg.eps_low, cfg.eps_high)
     if foreign == "cross" and num_foreign:
         coef = rows(batch.coef) if cfg.capability_coef else 1.0
-        cross = cross_objective(ratio, adv, coef, lower, cfg.alpha, clip=cfg.cross_clip, upper=cfg.cross_clip_high)
+        cross = cross_objective(ratio, adv, coef, lower, cfg.alpha, clip=cfg.cross_clip, upper=cfg.cross_clip_high,
+                                mode=cfg.cross_clip_mode)
         objective = torch.where(own, objective, cross)
 
     # aggregation (the denominators are the mini-batch totals when given)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from openrlhf_hacpo.algorithms import PRESETS, HACPOConfig
-from openrlhf_hacpo.algorithms.config import CAPABILITY_METRICS, LOSS_AGGREGATIONS, RATIO_LEVELS
+from openrlhf_hacpo.algorithms.config import CAPABILITY_METRICS, CROSS_CLIP_MODES, LOSS_AGGREGATIONS, RATIO_LEVELS
 from openrlhf_hacpo.trainer.config import (
     AGENT_FIELDS,
     DEVICES,
@@ -38,8 +38,8 @@ from openrlhf_hacpo.trainer.config import (
 __all__ = ["build_parser", "build_config", "parse_agent_spec", "load_agents_file", "run", "main"]
 
 # HACPO-only switches: they shape foreign rows, so single-agent algorithms reject them
-_FOREIGN_FLAGS = ("alpha", "cross_clip_delta", "cross_clip_step", "cross_clip_high", "no_stepwise", "no_cross_clip",
-                  "no_capability_coef")
+_FOREIGN_FLAGS = ("alpha", "cross_clip_delta", "cross_clip_step", "cross_clip_high", "cross_clip_mode",
+                  "no_stepwise", "no_cross_clip", "no_capability_coef")
 _SHARED_ROLLOUT_FLAGS = ("no_capability_advantage",)
 
 
@@ -199,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="upper end of the foreign window [lo, high]; above 1 also trains on foreign rollouts the "
                    f"learner already finds likelier than their source did (extension, not in the paper) "
                    f"[{hacpo.loss.cross_clip_high}]")
+    g.add_argument("--cross_clip_mode", choices=CROSS_CLIP_MODES, default=None,
+                   help="clamp: foreign rows outside the window get no gradient (paper); pessimistic: PPO's "
+                   "min(s·A, clip(s)·A), so foreign successes below the window and failures above it keep theirs "
+                   f"(extension, not in the paper) [{hacpo.loss.cross_clip_mode}]")
     g.add_argument("--no_stepwise", action="store_true", help="fixed foreign lower bound 1-δ")
     g.add_argument("--no_cross_clip", action="store_true", help="no clamp on foreign ratios")
     g.add_argument("--no_capability_advantage", action="store_true",
@@ -308,7 +312,7 @@ def _algorithm_config(args: argparse.Namespace) -> HACPOConfig:
         ("capability_ratio_min", cap, "ratio_min"), ("capability_ratio_max", cap, "ratio_max"),
         ("capability_warmup_steps", cap, "warmup_steps"),
         ("alpha", loss, "alpha"), ("cross_clip_delta", loss, "delta"), ("cross_clip_step", loss, "delta_step"),
-        ("cross_clip_high", loss, "cross_clip_high"),
+        ("cross_clip_high", loss, "cross_clip_high"), ("cross_clip_mode", loss, "cross_clip_mode"),
         ("eps_clip_low", loss, "eps_low"), ("eps_clip_high", loss, "eps_high"), ("loss_agg", loss, "loss_agg"),
         ("ratio_level", loss, "ratio_level"), ("log_ratio_clip", loss, "log_ratio_clip"),
         ("init_kl_coef", loss, "kl_coef"),

@@ -51,7 +51,7 @@ def lower_bound(m, delta, delta_step, stepwise=True):
 def reference_sequence_loss(logp, mask, advantages, old_logp_mean, is_own, coef, *, m=0, eps_low=3e-4,
                             eps_high=4e-4, delta=0.2, delta_step=0.025, alpha=1.0, log_ratio_clip=10.0,
                             stepwise=True, cross_clip=True, capability_coef=True, foreign_rule="cross",
-                            num_seqs=None, cross_clip_high=1.0):
+                            num_seqs=None, cross_clip_high=1.0, cross_clip_mode="clamp"):
     """Sequence-level HACPO/GSPO/Naive loss with seq-mean-token-mean aggregation and no KL.
 
     Returns (loss, objectives, grad) where grad[i][t] = d loss / d logp[i][t] from the hand-derived derivative
@@ -79,9 +79,15 @@ def reference_sequence_loss(logp, mask, advantages, old_logp_mean, is_own, coef,
         else:
             w = coef[i] if capability_coef else 1.0
             c = min(max(s, lo), cross_clip_high) if cross_clip else s
-            obj = c * c ** alpha * w * a
-            active = (lo <= s <= cross_clip_high) or not cross_clip
-            d_obj = s ** (alpha + 1.0) * w * a if active else 0.0
+            if cross_clip and cross_clip_mode == "pessimistic":
+                # min(s·A, c·A): the unclipped branch (with its gradient) wins inside the window, for A > 0
+                # below it and for A < 0 above it
+                obj = min(s * a, c * a) * c ** alpha * w
+                active = s * a <= c * a
+            else:
+                obj = c * c ** alpha * w * a
+                active = (lo <= s <= cross_clip_high) or not cross_clip
+            d_obj = s * c ** alpha * w * a if active else 0.0
         if clamped:
             d_obj = 0.0
         objectives.append(obj)

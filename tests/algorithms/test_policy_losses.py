@@ -127,6 +127,31 @@ def test_cross_clip_high_widens_the_window_above_one():
         cfg(cross_clip_high=0.95)
 
 
+def test_pessimistic_foreign_rule_by_hand():
+    # min(s·A, c·A)·sg(c)^α·ω with window [0.8, 1], α = 1, ω = 2
+    pessimistic = cfg(cross_clip_mode="pessimistic")
+    # A > 0 below the window: s·A < c·A, so the row keeps the gradient, weighted by sg(c) = 0.8
+    out, grad = loss_and_grad("hacpo", foreign_row(0.5, adv=1.0), pessimistic)
+    assert out.objectives.item() == pytest.approx(0.5 * 0.8 * 2.0)
+    assert grad.item() == pytest.approx(-0.5 * 0.8 * 2.0)
+    # A < 0 above the window: s·A < c·A, gradient kept, weight sg(c) = 1
+    out, grad = loss_and_grad("hacpo", foreign_row(1.3, adv=-1.0), pessimistic)
+    assert out.objectives.item() == pytest.approx(-1.3 * 2.0)
+    assert grad.item() == pytest.approx(1.3 * 2.0)
+    # A > 0 above and A < 0 below the window: the clipped branch wins, no gradient
+    for s, adv in ((1.3, 1.0), (0.5, -1.0)):
+        out, grad = loss_and_grad("hacpo", foreign_row(s, adv=adv), pessimistic)
+        c = min(max(s, 0.8), 1.0)
+        assert out.objectives.item() == pytest.approx(c * c * 2.0 * adv)
+        assert grad.item() == 0.0
+    # inside the window both rules agree
+    for mode in ("clamp", "pessimistic"):
+        out, grad = loss_and_grad("hacpo", foreign_row(0.9, adv=-1.0), cfg(cross_clip_mode=mode))
+        assert grad.item() == pytest.approx(0.9 * 0.9 * 2.0)
+    with pytest.raises(ValueError, match="cross_clip_mode"):
+        cfg(cross_clip_mode="min")
+
+
 def test_stepwise_lower_bound():
     # m = 3 ⇒ lo = 0.8 + 3·0.025 = 0.875: s = 0.86 is now outside the window
     out, grad = loss_and_grad("hacpo", foreign_row(0.86, update_index=3), cfg())
@@ -263,11 +288,13 @@ def test_matches_reference_on_a_mixed_batch():
     old = [m - math.log(s) for m, s in zip(means, ratios)]
     adv, own, coef = [0.3, -1.2, 0.8, 1.5, -0.4, 2.0], [True, False, False, False, False, True], \
         [1.0, 3.0, 0.5, 2.0, 1.5, 1.0]
-    for name, rule, high in (("hacpo", "cross", 1.0), ("naive", "self_clip", 1.0), ("hacpo", "cross", 1.1)):
+    for name, rule, high, mode in (("hacpo", "cross", 1.0, "clamp"), ("naive", "self_clip", 1.0, "clamp"),
+                                   ("hacpo", "cross", 1.1, "clamp"), ("hacpo", "cross", 1.0, "pessimistic")):
         inp = make_input(logp, old, adv, own, coef=coef, mask=mask, update_index=1)
-        out, grad = loss_and_grad(name, inp, cfg(alpha=2.0, cross_clip_high=high))
+        out, grad = loss_and_grad(name, inp, cfg(alpha=2.0, cross_clip_high=high, cross_clip_mode=mode))
         loss, objectives, ref_grad = reference_sequence_loss(logp, mask, adv, old, own, coef, m=1, alpha=2.0,
-                                                            foreign_rule=rule, cross_clip_high=high)
+                                                            foreign_rule=rule, cross_clip_high=high,
+                                                            cross_clip_mode=mode)
         assert out.loss.item() == pytest.approx(loss, abs=1e-12)
         assert out.objectives.tolist() == pytest.approx(objectives, abs=1e-12)
         torch.testing.assert_close(grad, f64(ref_grad), rtol=0, atol=1e-12)

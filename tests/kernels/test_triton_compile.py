@@ -64,7 +64,8 @@ def compile_all() -> list[str]:
            "entropy_ptr": "*fp32", "dlogp_ptr": "*fp32", "dentropy_ptr": "*fp32", "n_cols": "i32",
            "stride_row": "i64", "stride_drow": "i64"},
           {"INV_TEMP": 2.0, "HAS_DLOGP": False, "HAS_DENTROPY": True, "BLOCK_V": 1024}, 4)
-    for token_level, clip_mode, float_arg in ((False, 1, "fp32"), (True, 2, "fp64"), (False, 0, "fp64")):
+    for token_level, clip_mode, float_arg, cross_min in ((False, 1, "fp32", True), (True, 2, "fp64", False),
+                                                         (False, 0, "fp64", False), (True, 1, "fp32", True)):
         floats = {name: float_arg
                   for name in ("eps_low_arg", "eps_high_arg", "lo_arg", "hi_arg", "alpha_arg", "clip_arg")}
         fwd_sig = {name: "*fp32" for name in ("logp_ptr", "old_ptr", "adv_ptr", "old_mean_ptr", "coef_ptr",
@@ -72,15 +73,15 @@ def compile_all() -> list[str]:
         fwd_sig.update(mask_ptr="*u8", own_ptr="*u8", n_rows="i32", n_cols="i32", stride_lp="i32",
                        stride_mk="i32", stride_old="i32", **floats)
         build(hacpo_mod._hacpo_fwd_kernel, fwd_sig,
-              dict(TOKEN_LEVEL=token_level, CLIP_MODE=clip_mode, CROSS_CLIP=clip_mode != 0, TOKEN_MEAN=token_level,
-                   NUM_STATS=hacpo_mod._NUM_STATS, BLOCK_B=16, BLOCK_T=128), 4)
+              dict(TOKEN_LEVEL=token_level, CLIP_MODE=clip_mode, CROSS_CLIP=clip_mode != 0, CROSS_MIN=cross_min,
+                   TOKEN_MEAN=token_level, NUM_STATS=hacpo_mod._NUM_STATS, BLOCK_B=16, BLOCK_T=128), 4)
         bwd_sig = {name: "*fp32" for name in ("logp_ptr", "old_ptr", "adv_ptr", "coef_ptr", "rowg_ptr",
                                               "dloss_ptr", "denom_ptr", "grad_ptr", "mask_ptr")}
         bwd_sig.update(own_ptr="*u8", n_rows="i32", n_cols="i32", stride_lp="i32", stride_mk="i32",
                        stride_old="i32", stride_g="i32", **floats)
         build(hacpo_mod._hacpo_bwd_kernel, bwd_sig,
-              dict(TOKEN_LEVEL=token_level, CLIP_MODE=clip_mode, CROSS_CLIP=clip_mode != 0, BLOCK_B=16,
-                   BLOCK_T=128), 4)
+              dict(TOKEN_LEVEL=token_level, CLIP_MODE=clip_mode, CROSS_CLIP=clip_mode != 0, CROSS_MIN=cross_min,
+                   BLOCK_B=16, BLOCK_T=128), 4)
     return done
 
 
@@ -91,7 +92,7 @@ def test_every_kernel_compiles_for_sm90():
     proc = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, f"compilation failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    assert proc.stdout.count("compiled ") == 15, proc.stdout
+    assert proc.stdout.count("compiled ") == 17, proc.stdout
 
 
 if __name__ == "__main__":

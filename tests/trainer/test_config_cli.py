@@ -56,12 +56,12 @@ def test_agents_inherit_run_wide_settings():
 
 def test_hacpo_flags_reach_the_algorithm_config():
     cfg = build_config(BASE + ["--alpha", "3", "--cross_clip_delta", "0.1", "--cross_clip_step", "0.01",
-                               "--cross_clip_high", "1.2", "--no_stepwise", "--capability_window", "7", "--capability_metric", "mean_reward",
+                               "--cross_clip_high", "1.2", "--cross_clip_mode", "pessimistic", "--no_stepwise", "--capability_window", "7", "--capability_metric", "mean_reward",
                                "--eps_clip_low", "1e-3", "--init_kl_coef", "0", "--no_capability_advantage"])
     algo = cfg.algo
     assert algo.algorithm == "hacpo"
     assert (algo.loss.alpha, algo.loss.delta, algo.loss.delta_step, algo.loss.stepwise) == (3.0, 0.1, 0.01, False)
-    assert algo.loss.cross_clip_high == 1.2
+    assert algo.loss.cross_clip_high == 1.2 and algo.loss.cross_clip_mode == "pessimistic"
     assert (algo.capability.window, algo.capability.metric) == (7, "mean_reward")
     assert algo.loss.eps_low == 1e-3 and algo.loss.eps_high == HACPOConfig().loss.eps_high
     assert algo.loss.kl_coef == 0.0 and algo.advantage.capability_weighting is False
