@@ -275,21 +275,27 @@ def paired_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, 
     return out
 
 
+GOAL_SUBJECTS = ("hacpo", "pessimistic")
+"""Arms judged against the goals: HACPO as specified, and the best measured extension (pessimistic foreign rule)."""
+
+
 def goal_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The defaults' goals, per agent: HACPO > GSPO, HACPO ≥ GSPO ×2, Naive < HACPO, judged on the paired differences:
-    ``met`` is "yes, every seed", "on average" (the mean difference only) or "no"."""
+    """The defaults' goals, per agent: HACPO > GSPO, HACPO ≥ GSPO ×2, Naive < HACPO, judged on the paired differences
+    (for HACPO and for each arm of :data:`GOAL_SUBJECTS` on disk): ``met`` is "yes, every seed", "on average" (the
+    mean difference only) or "no"."""
     checks = []
-    for other, relation in (("gspo", "above"), ("gspo2x", "level"), ("naive", "above")):
-        if "hacpo" not in results or other not in results:
-            continue
-        for name, d in paired_differences(results["hacpo"], results[other]).items():
-            if d["mean"] is None:
+    for subject in GOAL_SUBJECTS:
+        for other, relation in (("gspo", "above"), ("gspo2x", "level"), ("naive", "above")):
+            if subject not in results or other not in results:
                 continue
-            ok = (lambda x: x > 0) if relation == "above" else (lambda x: x >= 0)
-            met = "yes, every seed" if all(ok(x) for x in d["diffs"]) else "on average" if ok(d["mean"]) else "no"
-            checks.append({"agent": name, "goal": f"HACPO {'>' if relation == 'above' else '≥'} {ARMS[other].label}",
-                           "paired_mean": d["mean"], "paired_std": d["std"], "positive_seeds": d["positive"],
-                           "seeds": len(d["diffs"]), "met": met})
+            for name, d in paired_differences(results[subject], results[other]).items():
+                if d["mean"] is None:
+                    continue
+                ok = (lambda x: x > 0) if relation == "above" else (lambda x: x >= 0)
+                met = "yes, every seed" if all(ok(x) for x in d["diffs"]) else "on average" if ok(d["mean"]) else "no"
+                goal = f"{ARMS[subject].label} {'>' if relation == 'above' else '≥'} {ARMS[other].label}"
+                checks.append({"agent": name, "goal": goal, "paired_mean": d["mean"], "paired_std": d["std"],
+                               "positive_seeds": d["positive"], "seeds": len(d["diffs"]), "met": met})
     return checks
 
 
@@ -453,6 +459,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     lines += ["", "## Paired differences (final accuracy, same seeds)", "",
               "| comparison | " + " | ".join(agents) + " |", "|---|" + "---|" * len(agents)]
     pairs_to_show = [p for p in MAIN_COMPARISONS if p[0] in res and p[1] in res]
+    pairs_to_show += [(subject, other) for subject in GOAL_SUBJECTS[1:] for _, other in MAIN_COMPARISONS
+                      if subject in res and other in res]
     pairs_to_show += [(n, ARMS[n].reference) for n in res if ARMS[n].reference in res]
     for name, ref in pairs_to_show:
         pairs = paired_differences(res[name], res[ref])
