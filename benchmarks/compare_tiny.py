@@ -22,7 +22,7 @@ Arms (G = the preset's group size, 8):
 * levers (``--arms levers``, not part of ``all``): ``delta05`` / ``delta1``, HACPO with the foreign window widened
   to [0.5, 1] / [0, 1]; ``high125`` / ``high15``, its upper end raised to 1.25 / 1.5 (``--cross_clip_high``);
   ``pessimistic`` / ``pessimistic-high125``, PPO's min() on foreign rows (``--cross_clip_mode pessimistic``), on
-  [0.8, 1] / [0.8, 1.25].
+  [0.8, 1] / [0.8, 1.25]; ``pessimistic-no-omega``, the same without the capability coefficient ω.
 
 Per arm and agent it reports the final test accuracy (mean of the last two periodic evaluations; mean ± sample std
 over seeds), rollouts generated, wall time, tokens/s, seconds per phase, and the foreign-ratio statistics logged
@@ -120,6 +120,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         extra=("--cross_clip_mode", "pessimistic")),
     Arm("pessimistic-high125", "HACPO, pessimistic, window [0.8, 1.25]", "hacpo", kind="lever", reference="hacpo",
         extra=("--cross_clip_mode", "pessimistic", "--cross_clip_high", "1.25")),
+    Arm("pessimistic-no-omega", "HACPO, pessimistic, −ω", "hacpo-no-omega", kind="lever", reference="pessimistic",
+        extra=("--cross_clip_mode", "pessimistic")),
 )}
 MAIN_COMPARISONS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive"))
 """(arm, baseline) pairs of the headline comparison."""
