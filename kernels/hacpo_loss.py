@@ -101,7 +101,7 @@ def _clip_log_ratio(ell, clip_val, CLIP_MODE: tl.constexpr):
 
 
 @triton.jit
-def _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, alpha, CROSS_CLIP: tl.constexpr,
+def _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, dual, alpha, CROSS_CLIP: tl.constexpr,
                CROSS_MIN: tl.constexpr):
     """Per-unit objective and d objective / d log-ratio (before the log-ratio clamp mask)."""
     s_cl = tl.minimum(tl.maximum(s, 1.0 - eps_low), 1.0 + eps_high)
@@ -115,9 +115,11 @@ def _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, alpha, CROSS_CLIP: 
         in_window = s == s
     weight = tl.where(alpha == 0.0, 1.0, tl.exp(alpha * tl.log(c)))
     if CROSS_MIN:
-        # pessimistic foreign rule: min(s·A, c·A)·sg(c)^α·ω, gradient where the unclipped branch is the minimum
-        for_obj = tl.minimum(s * adv, c * adv) * weight * coef
-        for_d = tl.where(s * adv <= c * adv, s * weight * coef * adv, 0.0)
+        # pessimistic rule: max(min(s·A, c·A), dual·A [A < 0])·sg(c)^α·ω; gradient where s·A is the value
+        pess = tl.minimum(s * adv, c * adv)
+        dual_cut = (adv < 0.0) & (dual * adv > pess)
+        for_obj = tl.where(dual_cut, dual * adv, pess) * weight * coef
+        for_d = tl.where((s * adv <= c * adv) & (dual_cut == 0), s * weight * coef * adv, 0.0)
     else:
         for_obj = c * weight * coef * adv
         for_d = tl.where(in_window, s * weight * coef * adv, 0.0)
@@ -131,7 +133,7 @@ def _hacpo_fwd_kernel(
     logp_ptr, mask_ptr, old_ptr, adv_ptr, old_mean_ptr, own_ptr, coef_ptr,
     obj_ptr, rowg_ptr, partial_ptr,
     n_rows, n_cols, stride_lp, stride_mk, stride_old,
-    eps_low_arg, eps_high_arg, lo_arg, hi_arg, alpha_arg, clip_arg,
+    eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, alpha_arg, clip_arg,
     TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, CROSS_MIN: tl.constexpr,
     TOKEN_MEAN: tl.constexpr,
     NUM_STATS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -142,6 +144,7 @@ def _hacpo_fwd_kernel(
     eps_high = tl.cast(eps_high_arg, tl.float32)
     lo = tl.cast(lo_arg, tl.float32)
     hi = tl.cast(hi_arg, tl.float32)
+    dual = tl.cast(dual_arg, tl.float32)
     alpha = tl.cast(alpha_arg, tl.float32)
     clip_val = tl.cast(clip_arg, tl.float32)
 
@@ -171,8 +174,8 @@ def _hacpo_fwd_kernel(
             old = tl.load(old_ptr + rows64[:, None] * stride_old + t[None, :], mask=valid, other=0.0).to(tl.float32)
             ell, _passes = _clip_log_ratio(lp - old, clip_val, CLIP_MODE)
             s = tl.exp(ell)
-            obj_t, _d = _objective(s, adv[:, None], own[:, None], coef[:, None], eps_low, eps_high, lo, hi, alpha,
-                                   CROSS_CLIP, CROSS_MIN)
+            obj_t, _d = _objective(s, adv[:, None], own[:, None], coef[:, None], eps_low, eps_high, lo, hi, dual,
+                                   alpha, CROSS_CLIP, CROSS_MIN)
             acc += tl.sum(tl.where(valid, obj_t, 0.0), axis=1)
             own_t = valid & own[:, None]
             for_t = valid & (own[:, None] == 0)
@@ -202,7 +205,7 @@ def _hacpo_fwd_kernel(
         old_mean = tl.load(old_mean_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
         ell, passes = _clip_log_ratio(acc / safe_count - old_mean, clip_val, CLIP_MODE)
         s = tl.exp(ell)
-        obj, dobj = _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, alpha, CROSS_CLIP, CROSS_MIN)
+        obj, dobj = _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, dual, alpha, CROSS_CLIP, CROSS_MIN)
         obj = tl.where(nonempty, obj, 0.0)
         if TOKEN_MEAN:
             loss_part = obj * count
@@ -243,7 +246,7 @@ def _hacpo_fwd_kernel(
 def _hacpo_bwd_kernel(
     logp_ptr, mask_ptr, old_ptr, adv_ptr, own_ptr, coef_ptr, rowg_ptr, dloss_ptr, denom_ptr, grad_ptr,
     n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_g,
-    eps_low_arg, eps_high_arg, lo_arg, hi_arg, alpha_arg, clip_arg,
+    eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, alpha_arg, clip_arg,
     TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, CROSS_MIN: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
@@ -262,6 +265,7 @@ def _hacpo_bwd_kernel(
         eps_high = tl.cast(eps_high_arg, tl.float32)
         lo = tl.cast(lo_arg, tl.float32)
         hi = tl.cast(hi_arg, tl.float32)
+        dual = tl.cast(dual_arg, tl.float32)
         alpha = tl.cast(alpha_arg, tl.float32)
         clip_val = tl.cast(clip_arg, tl.float32)
         adv = tl.load(adv_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
@@ -271,7 +275,7 @@ def _hacpo_bwd_kernel(
         old = tl.load(old_ptr + rows64[:, None] * stride_old + t[None, :], mask=valid, other=0.0).to(tl.float32)
         ell, passes = _clip_log_ratio(lp - old, clip_val, CLIP_MODE)
         _obj, dobj = _objective(tl.exp(ell), adv[:, None], own[:, None], coef[:, None], eps_low, eps_high, lo, hi,
-                                alpha, CROSS_CLIP, CROSS_MIN)
+                                dual, alpha, CROSS_CLIP, CROSS_MIN)
         g = dobj * passes * rowg[:, None]
     else:
         g = tl.zeros([BLOCK_B, BLOCK_T], dtype=tl.float32) + rowg[:, None]
@@ -312,7 +316,7 @@ class _HacpoLossTriton(torch.autograd.Function):
             _hacpo_fwd_kernel[(n_prog,)](
                 logp, mask, old_arg, adv, old_mean_arg, own, coef, obj, rowg, partials,
                 n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0),
-                hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["alpha"], hp["clip_val"],
+                hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["dual"], hp["alpha"], hp["clip_val"],
                 TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
                 CROSS_MIN=hp["cross_min"],
                 TOKEN_MEAN=hp["token_mean"], NUM_STATS=_NUM_STATS, BLOCK_B=block_b, BLOCK_T=block_t,
@@ -340,7 +344,7 @@ class _HacpoLossTriton(torch.autograd.Function):
             _hacpo_bwd_kernel[(cdiv(n_rows, block_b), cdiv(n_cols, block_t))](
                 logp, mask, old_arg, adv, own, coef, rowg, dloss.reshape(1).contiguous(), denom.reshape(1), grad,
                 n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0), grad.stride(0),
-                hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["alpha"], hp["clip_val"],
+                hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["dual"], hp["alpha"], hp["clip_val"],
                 TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
                 CROSS_MIN=hp["cross_min"],
                 BLOCK_B=block_b, BLOCK_T=block_t, num_warps=4,
@@ -388,7 +392,11 @@ def _hacpo_loss_torch(logp, mask, old_logp, adv, old_mean, own, coef, hp):
     own_obj = torch.minimum(s * a, s.clamp(1.0 - hp["eps_low"], 1.0 + hp["eps_high"]) * a)
     c = s.clamp(hp["lo"], hp["hi"]) if hp["cross_clip"] else s
     weight = c.detach().pow(hp["alpha"]) * w
-    for_obj = torch.minimum(s * a, c * a) * weight if hp["cross_min"] else c * weight * a
+    if hp["cross_min"]:
+        pess = torch.minimum(s * a, c * a)
+        for_obj = torch.where((a < 0) & (hp["dual"] * a > pess), hp["dual"] * a, pess) * weight
+    else:
+        for_obj = c * weight * a
     unit_obj = torch.where(o, own_obj, for_obj)
     if token_level:
         unit_obj = torch.where(valid, unit_obj, zero)
@@ -469,6 +477,7 @@ def hacpo_loss(
     cross_clip: bool = True,
     cross_clip_high: float = 1.0,
     cross_clip_mode: str = "clamp",
+    cross_clip_dual: float = 3.0,
     log_ratio_clip: float | None = 10.0,
     log_ratio_clip_mode: str = "symmetric",
     ratio_level: str = "sequence",
@@ -497,6 +506,8 @@ def hacpo_loss(
         cross_clip_high: upper end of the foreign window (1 in the paper; ``>= 1``).
         cross_clip_mode: ``"clamp"`` (paper) or ``"pessimistic"`` (``min(s A, c A) sg(c)^alpha omega``: positive
             advantages below the window and negative ones above it keep their gradient).
+        cross_clip_dual: pessimistic mode: negative-advantage foreign units with ``s > cross_clip_dual`` get no
+            gradient (dual clip, ``>= cross_clip_high``).
         log_ratio_clip: clamp of the log-ratio, ``None`` for none.
         log_ratio_clip_mode: ``"symmetric"`` (``[-C, C]``) or ``"upper"`` (``<= C``).
         ratio_level: ``"sequence"`` (GSPO) or ``"token"`` (needs ``old_logp``).
@@ -539,6 +550,8 @@ def hacpo_loss(
         raise ValueError(f"cross_clip_mode must be one of {CROSS_CLIP_MODES}, got {cross_clip_mode!r}")
     if not cross_clip_high >= 1.0:
         raise ValueError(f"cross_clip_high must be >= 1, got {cross_clip_high}")
+    if not cross_clip_dual >= cross_clip_high:
+        raise ValueError(f"cross_clip_dual must be >= cross_clip_high ({cross_clip_high}), got {cross_clip_dual}")
     if delta_step < 0:
         raise ValueError(f"delta_step must be >= 0, got {delta_step}")
     if alpha < 0:
@@ -556,6 +569,7 @@ def hacpo_loss(
         "eps_high": float(eps_high),
         "lo": float(cross_clip_lower_bound(delta, delta_step, int(update_index), stepwise)),
         "hi": float(cross_clip_high),
+        "dual": float(cross_clip_dual),
         "alpha": float(alpha),
         "clip_val": float(log_ratio_clip) if log_ratio_clip is not None else 0.0,
         "clip_mode": 0 if log_ratio_clip is None else (1 if log_ratio_clip_mode == "symmetric" else 2),

@@ -182,6 +182,9 @@ class PolicyLossConfig:
       zero gradient outside the window whatever the sign of A. ``"pessimistic"`` (an extension, measured in
       ``benchmarks/compare_tiny.py``): PPO's min(s·A, c·A) · sg(c)^α · ω, so a positive-advantage foreign row below
       the window and a negative one above it keep their gradient (weight s), the other two cases are dropped.
+    * ``cross_clip_dual``: with ``"pessimistic"``, a negative-advantage foreign row with s above this bound gets no
+      gradient (dual-clip PPO, objective max(min(s·A, c·A), dual·A)), so a rollout the learner finds far likelier
+      than its source did cannot dominate an update; must be >= ``cross_clip_high``.
     * ``alpha``: exponent of the detached weight sg(c)^alpha (eq. 12); 0 disables exponential IS.
     * ``capability_coef``: multiply foreign objectives by ω^(j,k) (eq. 10); ``False`` is the "HACPO − ω" ablation.
     * ``log_ratio_clip``: clamp of the log importance ratio (``None``: no clamp); ``log_ratio_clip_mode``
@@ -204,6 +207,7 @@ class PolicyLossConfig:
     cross_clip: bool = True
     cross_clip_high: float = 1.0
     cross_clip_mode: str = "clamp"
+    cross_clip_dual: float = 3.0
     alpha: float = 1.0
     capability_coef: bool = True
     log_ratio_clip: float | None = 10.0
@@ -238,6 +242,9 @@ class PolicyLossConfig:
                 _fail(owner, "log_ratio_clip", "> 0 or None", self.log_ratio_clip)
         _check_choice(owner, "log_ratio_clip_mode", self.log_ratio_clip_mode, LOG_RATIO_CLIP_MODES)
         _check_choice(owner, "cross_clip_mode", self.cross_clip_mode, CROSS_CLIP_MODES)
+        _check_real(owner, "cross_clip_dual", self.cross_clip_dual)
+        if not self.cross_clip_dual >= self.cross_clip_high:
+            _fail(owner, "cross_clip_dual", f">= cross_clip_high ({self.cross_clip_high})", self.cross_clip_dual)
         _check_choice(owner, "ratio_level", self.ratio_level, RATIO_LEVELS)
         _check_choice(owner, "gspo_form", self.gspo_form, GSPO_FORMS)
         _check_choice(owner, "loss_agg", self.loss_agg, LOSS_AGGREGATIONS)

@@ -22,6 +22,7 @@ rows as above) and ``naive`` (every row with the self-type GSPO clip, no coeffic
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -139,18 +140,22 @@ def self_clip_objective(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: 
 
 
 def cross_objective(ratio: torch.Tensor, advantages: torch.Tensor, coef: torch.Tensor | float, lower: float,
-                    alpha: float, clip: bool = True, upper: float = 1.0, mode: str = "clamp") -> torch.Tensor:
+                    alpha: float, clip: bool = True, upper: float = 1.0, mode: str = "clamp",
+                    dual: float = 3.0) -> torch.Tensor:
     """Foreign-row objective c · sg(c)^α · ω^(j,k) · A with c = clamp(s, lower, upper) (eqs. 10–14, 50–52).
 
     No min(): the gradient is sg(c)^α · ω · A · ∇s inside [lower, upper] and exactly zero outside (Prop. D.6).
     ``upper`` is 1 in the paper (``PolicyLossConfig.cross_clip_high``); ``clip=False`` uses c = s (the "no Clip"
-    ablation). ``mode="pessimistic"`` (an extension) takes min(s·A, c·A) · sg(c)^α · ω instead: positive A below
-    the window and negative A above it keep the gradient sg(c)^α · ω · A · ∇s.
+    ablation). ``mode="pessimistic"`` (an extension) takes min(s·A, c·A) · sg(c)^α · ω instead, bounded below
+    by dual·A · sg(c)^α · ω for A < 0 (dual-clip PPO): positive A below the window and negative A in
+    (upper, dual] keep the gradient sg(c)^α · ω · A · ∇s.
     """
     c = ratio.clamp(lower, upper) if clip else ratio
     weight = c.detach().pow(alpha) * coef
     if mode == "pessimistic" and clip:
-        return torch.minimum(ratio * advantages, c * advantages) * weight
+        pessimistic = torch.minimum(ratio * advantages, c * advantages)
+        dual_bound = torch.where(advantages < 0, dual * advantages, torch.full_like(pessimistic, -math.inf))
+        return torch.maximum(pessimistic, dual_bound) * weight
     return c * weight * advantages
 
 
@@ -324,7 +329,7 @@ def _policy_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, name: str, *, toke
     if foreign == "cross" and num_foreign:
         coef = rows(batch.coef) if cfg.capability_coef else 1.0
         cross = cross_objective(ratio, adv, coef, lower, cfg.alpha, clip=cfg.cross_clip, upper=cfg.cross_clip_high,
-                                mode=cfg.cross_clip_mode)
+                                mode=cfg.cross_clip_mode, dual=cfg.cross_clip_dual)
         objective = torch.where(own, objective, cross)
 
     # aggregation (the denominators are the mini-batch totals when given)

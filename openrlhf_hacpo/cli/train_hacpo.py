@@ -39,7 +39,7 @@ __all__ = ["build_parser", "build_config", "parse_agent_spec", "load_agents_file
 
 # HACPO-only switches: they shape foreign rows, so single-agent algorithms reject them
 _FOREIGN_FLAGS = ("alpha", "cross_clip_delta", "cross_clip_step", "cross_clip_high", "cross_clip_mode",
-                  "no_stepwise", "no_cross_clip", "no_capability_coef")
+                  "cross_clip_dual", "no_stepwise", "no_cross_clip", "no_capability_coef")
 _SHARED_ROLLOUT_FLAGS = ("no_capability_advantage",)
 
 
@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clamp: foreign rows outside the window get no gradient (paper); pessimistic: PPO's "
                    "min(s·A, clip(s)·A), so foreign successes below the window and failures above it keep theirs "
                    f"(extension, not in the paper) [{hacpo.loss.cross_clip_mode}]")
+    g.add_argument("--cross_clip_dual", type=float, default=None,
+                   help="pessimistic mode: foreign failures with ratio above this get no gradient (dual clip) "
+                   f"[{hacpo.loss.cross_clip_dual}]")
     g.add_argument("--no_stepwise", action="store_true", help="fixed foreign lower bound 1-δ")
     g.add_argument("--no_cross_clip", action="store_true", help="no clamp on foreign ratios")
     g.add_argument("--no_capability_advantage", action="store_true",
@@ -313,6 +316,7 @@ def _algorithm_config(args: argparse.Namespace) -> HACPOConfig:
         ("capability_warmup_steps", cap, "warmup_steps"),
         ("alpha", loss, "alpha"), ("cross_clip_delta", loss, "delta"), ("cross_clip_step", loss, "delta_step"),
         ("cross_clip_high", loss, "cross_clip_high"), ("cross_clip_mode", loss, "cross_clip_mode"),
+        ("cross_clip_dual", loss, "cross_clip_dual"),
         ("eps_clip_low", loss, "eps_low"), ("eps_clip_high", loss, "eps_high"), ("loss_agg", loss, "loss_agg"),
         ("ratio_level", loss, "ratio_level"), ("log_ratio_clip", loss, "log_ratio_clip"),
         ("init_kl_coef", loss, "kl_coef"),

@@ -51,7 +51,7 @@ def lower_bound(m, delta, delta_step, stepwise=True):
 def reference_sequence_loss(logp, mask, advantages, old_logp_mean, is_own, coef, *, m=0, eps_low=3e-4,
                             eps_high=4e-4, delta=0.2, delta_step=0.025, alpha=1.0, log_ratio_clip=10.0,
                             stepwise=True, cross_clip=True, capability_coef=True, foreign_rule="cross",
-                            num_seqs=None, cross_clip_high=1.0, cross_clip_mode="clamp"):
+                            num_seqs=None, cross_clip_high=1.0, cross_clip_mode="clamp", cross_clip_dual=3.0):
     """Sequence-level HACPO/GSPO/Naive loss with seq-mean-token-mean aggregation and no KL.
 
     Returns (loss, objectives, grad) where grad[i][t] = d loss / d logp[i][t] from the hand-derived derivative
@@ -82,8 +82,11 @@ def reference_sequence_loss(logp, mask, advantages, old_logp_mean, is_own, coef,
             if cross_clip and cross_clip_mode == "pessimistic":
                 # min(s·A, c·A): the unclipped branch (with its gradient) wins inside the window, for A > 0
                 # below it and for A < 0 above it
-                obj = min(s * a, c * a) * c ** alpha * w
-                active = s * a <= c * a
+                # dual clip: a failure the learner finds more than cross_clip_dual times likelier is cut at dual·A
+                value = min(s * a, c * a)
+                dual_cut = a < 0 and cross_clip_dual * a > value
+                obj = (cross_clip_dual * a if dual_cut else value) * c ** alpha * w
+                active = s * a <= c * a and not dual_cut
             else:
                 obj = c * c ** alpha * w * a
                 active = (lo <= s <= cross_clip_high) or not cross_clip

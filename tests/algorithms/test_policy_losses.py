@@ -144,6 +144,15 @@ def test_pessimistic_foreign_rule_by_hand():
         c = min(max(s, 0.8), 1.0)
         assert out.objectives.item() == pytest.approx(c * c * 2.0 * adv)
         assert grad.item() == 0.0
+    # dual clip: A < 0 and s = 4 > dual = 3 gives dual·A·sg(c)·ω with no gradient; s = 2.5 < 3 keeps it
+    out, grad = loss_and_grad("hacpo", foreign_row(4.0, adv=-1.0), pessimistic)
+    assert out.objectives.item() == pytest.approx(3.0 * -1.0 * 1.0 * 2.0)
+    assert grad.item() == 0.0
+    out, grad = loss_and_grad("hacpo", foreign_row(2.5, adv=-1.0), cfg(cross_clip_mode="pessimistic",
+                                                                       cross_clip_dual=2.0))
+    assert out.objectives.item() == pytest.approx(2.0 * -1.0 * 2.0) and grad.item() == 0.0
+    with pytest.raises(ValueError, match="cross_clip_dual"):
+        cfg(cross_clip_mode="pessimistic", cross_clip_high=1.5, cross_clip_dual=1.2)
     # inside the window both rules agree
     for mode in ("clamp", "pessimistic"):
         out, grad = loss_and_grad("hacpo", foreign_row(0.9, adv=-1.0), cfg(cross_clip_mode=mode))
@@ -288,13 +297,16 @@ def test_matches_reference_on_a_mixed_batch():
     old = [m - math.log(s) for m, s in zip(means, ratios)]
     adv, own, coef = [0.3, -1.2, 0.8, 1.5, -0.4, 2.0], [True, False, False, False, False, True], \
         [1.0, 3.0, 0.5, 2.0, 1.5, 1.0]
-    for name, rule, high, mode in (("hacpo", "cross", 1.0, "clamp"), ("naive", "self_clip", 1.0, "clamp"),
-                                   ("hacpo", "cross", 1.1, "clamp"), ("hacpo", "cross", 1.0, "pessimistic")):
+    cases = (("hacpo", "cross", 1.0, "clamp", 3.0), ("naive", "self_clip", 1.0, "clamp", 3.0),
+             ("hacpo", "cross", 1.1, "clamp", 3.0), ("hacpo", "cross", 1.0, "pessimistic", 3.0),
+             ("hacpo", "cross", 1.0, "pessimistic", 1.02))  # the last cuts row 4 (s = 1.05, A < 0)
+    for name, rule, high, mode, dual in cases:
         inp = make_input(logp, old, adv, own, coef=coef, mask=mask, update_index=1)
-        out, grad = loss_and_grad(name, inp, cfg(alpha=2.0, cross_clip_high=high, cross_clip_mode=mode))
+        out, grad = loss_and_grad(name, inp, cfg(alpha=2.0, cross_clip_high=high, cross_clip_mode=mode,
+                                                 cross_clip_dual=dual))
         loss, objectives, ref_grad = reference_sequence_loss(logp, mask, adv, old, own, coef, m=1, alpha=2.0,
                                                             foreign_rule=rule, cross_clip_high=high,
-                                                            cross_clip_mode=mode)
+                                                            cross_clip_mode=mode, cross_clip_dual=dual)
         assert out.loss.item() == pytest.approx(loss, abs=1e-12)
         assert out.objectives.tolist() == pytest.approx(objectives, abs=1e-12)
         torch.testing.assert_close(grad, f64(ref_grad), rtol=0, atol=1e-12)

@@ -96,7 +96,7 @@ VARIANTS = {
     "no_log_clip": dict(log_ratio_clip=None),
     "no_cross_clip": dict(cross_clip=False, alpha=2.0),
     "window_above_one": dict(cross_clip_high=1.3, alpha=2.0),
-    "pessimistic": dict(cross_clip_mode="pessimistic", update_index=2),
+    "pessimistic": dict(cross_clip_mode="pessimistic", update_index=2, cross_clip_dual=1.2),
     "pessimistic_token_level": dict(cross_clip_mode="pessimistic", ratio_level="token", cross_clip_high=1.1),
     "not_stepwise": dict(stepwise=False, update_index=3, delta=0.1),
     "late_step": dict(update_index=5, delta_step=0.03, alpha=0.0),
@@ -216,6 +216,8 @@ def test_bad_inputs_raise_clear_errors():
         hacpo_loss(*args, cross_clip_high=0.9)
     with pytest.raises(ValueError, match="cross_clip_mode"):
         hacpo_loss(*args, cross_clip_mode="min")
+    with pytest.raises(ValueError, match="cross_clip_dual"):
+        hacpo_loss(*args, cross_clip_mode="pessimistic", cross_clip_dual=0.9)
     with pytest.raises(ValueError, match="update_index"):
         hacpo_loss(*args, update_index=-1)
     with pytest.raises(ValueError, match="log_ratio_clip_mode"):
@@ -230,7 +232,7 @@ PARITY = [
     dict(log_ratio_clip=0.05, log_ratio_clip_mode="upper", update_index=2),
     dict(cross_clip=False, alpha=0.5),
     dict(cross_clip_high=1.2, update_index=1),
-    dict(cross_clip_mode="pessimistic", alpha=2.0),
+    dict(cross_clip_mode="pessimistic", alpha=2.0, cross_clip_dual=1.15),
     dict(cross_clip_mode="pessimistic", ratio_level="token", loss_agg="token-mean"),
     dict(ratio_level="token", cross_clip_high=1.15),
     dict(stepwise=False, update_index=4),

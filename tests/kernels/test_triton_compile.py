@@ -67,7 +67,8 @@ def compile_all() -> list[str]:
     for token_level, clip_mode, float_arg, cross_min in ((False, 1, "fp32", True), (True, 2, "fp64", False),
                                                          (False, 0, "fp64", False), (True, 1, "fp32", True)):
         floats = {name: float_arg
-                  for name in ("eps_low_arg", "eps_high_arg", "lo_arg", "hi_arg", "alpha_arg", "clip_arg")}
+                  for name in ("eps_low_arg", "eps_high_arg", "lo_arg", "hi_arg", "dual_arg", "alpha_arg",
+                               "clip_arg")}
         fwd_sig = {name: "*fp32" for name in ("logp_ptr", "old_ptr", "adv_ptr", "old_mean_ptr", "coef_ptr",
                                               "obj_ptr", "rowg_ptr", "partial_ptr")}
         fwd_sig.update(mask_ptr="*u8", own_ptr="*u8", n_rows="i32", n_cols="i32", stride_lp="i32",
