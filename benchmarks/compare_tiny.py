@@ -22,7 +22,9 @@ Arms (G = the preset's group size, 8):
 * levers (``--arms levers``, not part of ``all``): ``delta05`` / ``delta1``, HACPO with the foreign window widened
   to [0.5, 1] / [0, 1]; ``high125`` / ``high15``, its upper end raised to 1.25 / 1.5 (``--cross_clip_high``);
   ``pessimistic`` / ``pessimistic-high125``, PPO's min() on foreign rows (``--cross_clip_mode pessimistic``), on
-  [0.8, 1] / [0.8, 1.25]; ``pessimistic-no-omega``, the same without the capability coefficient ω.
+  [0.8, 1] / [0.8, 1.25]; ``pessimistic-no-omega``, the same without the capability coefficient ω;
+  ``pessimistic-delta0``, the pessimistic rule on the window [1, 1] (Naive's one-sided rule with HACPO's
+  advantages, ω and sg(c)^α).
 
 Per arm and agent it reports the final test accuracy (mean of the last two periodic evaluations; mean ± sample std
 over seeds), rollouts generated, wall time, tokens/s, seconds per phase, and the foreign-ratio statistics logged
@@ -50,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from openrlhf_hacpo.cli.tiny import default_runs_dir, load_summary
+from openrlhf_hacpo.cli.tiny import agent_step_stats, default_runs_dir, load_summary, read_jsonl
 from openrlhf_hacpo.utils.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS, build_zoo, get_preset
 
@@ -122,6 +124,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         extra=("--cross_clip_mode", "pessimistic", "--cross_clip_high", "1.25")),
     Arm("pessimistic-no-omega", "HACPO, pessimistic, −ω", "hacpo-no-omega", kind="lever", reference="pessimistic",
         extra=("--cross_clip_mode", "pessimistic")),
+    Arm("pessimistic-delta0", "HACPO, pessimistic, window [1, 1]", "hacpo", kind="lever", reference="pessimistic",
+        extra=("--cross_clip_mode", "pessimistic", "--cross_clip_delta", "0")),
 )}
 MAIN_COMPARISONS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive"))
 """(arm, baseline) pairs of the headline comparison."""
@@ -231,8 +235,8 @@ def aggregate_arm(summaries: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
                    for k in (entries[0].get("seconds") or {})}
         foreign = None
         if entries[0].get("foreign"):
-            foreign = {k: _fmean([a["foreign"][k] for a in entries if a.get("foreign")])
-                       for k in entries[0]["foreign"]}
+            keys = dict.fromkeys(k for a in entries if a.get("foreign") for k in a["foreign"])
+            foreign = {k: _fmean([a["foreign"].get(k) for a in entries if a.get("foreign")]) for k in keys}
         steps = sorted({s for a in entries for s, _ in a["validation"]})
         curve = []
         for st in steps:
@@ -482,8 +486,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
 
     lines += ["", "## Foreign rollouts (trainer metrics, mean over steps and seeds)", "",
               "Fraction of the other agents' rollouts whose sequence ratio s = π_learner/π_source falls inside the clip "
-              "window [1 − δ + m·δ_step, 1], below it, and above 1; and the mean of s.",
-              "", "| arm | learner | in window | below | above 1 | mean s | median s |", "|---|---|---|---|---|---|---|"]
+              "window [1 − δ + m·δ_step, high] (high = 1 unless stated), below it, and above it; the mean and median "
+              "of s; and the same three fractions among the foreign rollouts with a positive advantage (the ones "
+              "that can teach; logged by the trainer since the median was added, – for older runs).",
+              "", "| arm | learner | in window | below | above | mean s | median s | A > 0: in / below / above |",
+              "|---|---|---|---|---|---|---|---|"]
     any_median = False
     for name, r in res.items():
         for a in agents:
@@ -492,7 +499,10 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                 continue
             any_median |= f.get("ratio_median") is not None
             lines.append(f"| {ARMS[name].label} | {a} | {_f(f['in_window_frac'])} | {_f(f['below_window_frac'])} | "
-                         f"{_f(f['above_window_frac'])} | {_f(f['ratio_mean'])} | {_f(f.get('ratio_median'))} |")
+                         f"{_f(f['above_window_frac'])} | {_f(f['ratio_mean'])} | {_f(f.get('ratio_median'))} | "
+                         + (" / ".join(_f(f.get(k)) for k in ("pos_in_window_frac", "pos_below_window_frac",
+                                                              "pos_above_window_frac"))
+                            if f.get("pos_in_window_frac") is not None else "–") + " |")
     if "naive" in res:
         lines += ["", "Naive sharing applies the own-rollout clip [1 − 3e-4, 1 + 4e-4] to every row, so its window columns "
                   "count foreign rollouts inside / below / above that clip; only its mean s compares with HACPO's."]
@@ -582,8 +592,23 @@ def collect(root: Path, preset, steps: int) -> dict[str, dict[int, Any]]:
                 continue
             seed = int(sub.name[4:])
             if finished(arm, preset, seed, steps, sub):
-                found.setdefault(name, {})[seed] = load_summary(sub)
+                found.setdefault(name, {})[seed] = _with_current_foreign_stats(load_summary(sub), sub)
     return found
+
+
+def _with_current_foreign_stats(summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The summary with each agent's foreign-ratio statistics recomputed from the run's ``metrics.jsonl`` by the
+    current :func:`~openrlhf_hacpo.cli.tiny.agent_step_stats`, so runs summarised before a statistic was added
+    report it too when the trainer logged it."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return summary
+    records = read_jsonl(path)
+    for name, entry in summary["agents"].items():
+        mine = [r for r in records if r.get("agent") == name]
+        if mine and entry.get("foreign"):
+            entry["foreign"] = agent_step_stats(mine, 1)["foreign"]
+    return summary
 
 
 def write_report(root: Path, preset, steps: int, results_dir: Path, stem: str, command: str, lanes: int) -> Path | None:

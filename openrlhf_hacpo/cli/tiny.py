@@ -307,7 +307,9 @@ _PHASES = {"generate": "time/generate", "logprob": "time/logprob", "update": "ti
            "reward": "time/reward", "sync": "time/sync", "step": "time/step"}
 _FOREIGN = {"in_window_frac": "policy/foreign_in_window_frac", "ratio_mean": "policy/foreign_ratio_mean",
             "below_window_frac": "policy/foreign_clip_frac_lower", "above_window_frac": "policy/foreign_clip_frac_upper",
-            "ratio_median": "policy/foreign_ratio_median"}
+            "ratio_median": "policy/foreign_ratio_median", "pos_in_window_frac": "policy/foreign_pos_in_window_frac",
+            "pos_below_window_frac": "policy/foreign_pos_clip_frac_lower",
+            "pos_above_window_frac": "policy/foreign_pos_clip_frac_upper"}
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -325,7 +327,8 @@ def agent_step_stats(records: Sequence[Mapping[str, Any]], rollouts_per_step: in
     * ``seconds``: mean seconds per step of each phase (generate, logprob, update, reward, sync, step) and
       ``samples_trained_per_s`` (rows trained over update seconds);
     * ``foreign``: per-step means of the foreign-ratio statistics (fraction of foreign rollouts in the clip
-      window, below and above it, mean ratio; the median when the trainer logs it), or ``None`` when the agent
+      window, below and above it, mean ratio; the median and the fractions among rows with A > 0 when the
+      trainer logs them), or ``None`` when the agent
       trained on no foreign rollouts.
     """
     if not records:
