@@ -25,7 +25,8 @@ Arms (G = the preset's group size, 8):
   [0.8, 1] / [0.8, 1.25]; ``pessimistic-no-omega``, the same without the capability coefficient ω;
   ``pessimistic-delta0``, the pessimistic rule on the window [1, 1] (Naive's one-sided rule with HACPO's
   advantages, ω and sg(c)^α), and ``pessimistic-delta0-no-adv`` the same with the plain joint-mean advantage (it
-  differs from Naive only by ω on foreign rows).
+  differs from Naive only by ω on foreign rows); ``eos-keep``, HACPO with the EOS token in the ratio and the loss
+  (the main-branch code's behaviour; the default drops it, as v1 does).
 
 Per arm and agent it reports the final test accuracy (mean of the last two periodic evaluations; mean ± sample std
 over seeds), rollouts generated, wall time, tokens/s, seconds per phase, and the foreign-ratio statistics logged
@@ -129,6 +130,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         extra=("--cross_clip_mode", "pessimistic", "--cross_clip_delta", "0")),
     Arm("pessimistic-delta0-no-adv", "HACPO, pessimistic, window [1, 1], −Adv", "hacpo-no-adv", kind="lever",
         reference="pessimistic-delta0", extra=("--cross_clip_mode", "pessimistic", "--cross_clip_delta", "0")),
+    Arm("eos-keep", "HACPO, EOS trained (--eos_policy keep)", "hacpo", kind="lever", reference="hacpo",
+        extra=("--eos_policy", "keep")),
 )}
 MAIN_COMPARISONS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive"))
 """(arm, baseline) pairs of the headline comparison."""
