@@ -358,22 +358,21 @@ def _policy_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, name: str, *, toke
             kl = kl_tokens.sum() / max(batch.num_own_tokens, 1)
     loss = pg_loss + cfg.kl_coef * kl
 
-    metrics = _metrics(batch, ratio.detach(), seq_log_ratio, per_token, token_level, foreign, cfg, lower,
-                       seq_objective.detach(), pg_loss.detach(), kl.detach(), loss.detach())
     seq_ratios = None if token_level else (torch.exp(seq_log_ratio) if per_token else ratio.detach())
+    metrics = _metrics(batch, ratio.detach() if token_level else seq_ratios, token_level, foreign, cfg, lower,
+                       seq_objective.detach(), pg_loss.detach(), kl.detach(), loss.detach())
     return PolicyLossOutput(loss=loss, objectives=seq_objective.detach(), metrics=metrics, ratios=seq_ratios)
 
 
-def _metrics(batch: _Batch, ratio: torch.Tensor, seq_log_ratio: torch.Tensor | None, per_token: bool,
-             token_level: bool, foreign: str, cfg: PolicyLossConfig, lower: float, seq_objective: torch.Tensor,
-             pg_loss: torch.Tensor, kl: torch.Tensor, loss: torch.Tensor) -> dict[str, float]:
-    """Clip fractions and ratio means (over rows for sequence ratios, over tokens for token ratios)."""
+def _metrics(batch: _Batch, values: torch.Tensor, token_level: bool, foreign: str, cfg: PolicyLossConfig,
+             lower: float, seq_objective: torch.Tensor, pg_loss: torch.Tensor, kl: torch.Tensor,
+             loss: torch.Tensor) -> dict[str, float]:
+    """Clip fractions and ratio means of the detached ratios ``values``: [B, T] token ratios (token level, over
+    tokens) or [B] sequence ratios (over rows)."""
     if token_level:
-        values = ratio
         own_w = batch.maskf * batch.is_own[:, None].to(batch.maskf.dtype)
         foreign_w = batch.maskf - own_w
     else:
-        values = torch.exp(seq_log_ratio) if per_token else ratio
         own_w = batch.is_own.to(batch.maskf.dtype)
         foreign_w = 1.0 - own_w
     if foreign == "cross":
