@@ -312,28 +312,13 @@ def goal_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------------------- ratio probe
-def _mean_logprobs(model, prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id: int,
-                   batch_size: int = 128) -> list[float]:
-    """Mean log-probability of each response's tokens given its prompt (teacher forcing, T = 1)."""
-    import torch
+def _mean_logprobs(model, prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id: int) -> list[float]:
+    """Mean log-probability of each response's tokens given its prompt (T = 1), scored as the trainer scores rows
+    (:func:`openrlhf_hacpo.actors.reference.score_rows`)."""
+    from openrlhf_hacpo.actors.reference import score_rows
 
-    out: list[float] = []
-    with torch.no_grad():
-        for start in range(0, len(prompts), batch_size):
-            rows = [p + r for p, r in zip(prompts[start:start + batch_size], responses[start:start + batch_size])]
-            width = max(len(r) for r in rows)
-            ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(rows), width), dtype=torch.long)
-            for i, row in enumerate(rows):
-                ids[i, :len(row)] = torch.tensor(row)
-                mask[i, :len(row)] = 1
-            logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
-            for i in range(len(rows)):
-                p_len, r_len = len(prompts[start + i]), len(responses[start + i])
-                targets = ids[i, p_len:p_len + r_len]
-                values = logp[i, p_len - 1:p_len - 1 + r_len].gather(-1, targets[:, None])[:, 0]
-                out.append(float(values.mean()))
-    return out
+    logps = score_rows(model, prompts, responses, pad_id, 1.0, 128, next(model.parameters()).device)
+    return [sum(values) / len(values) for values in logps]
 
 
 def ratio_quantiles(ratios: Sequence[float], window: tuple[float, float] = (0.8, 1.0)) -> dict[str, Any]:
