@@ -54,7 +54,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from openrlhf_hacpo.cli.tiny import agent_step_stats, default_runs_dir, load_summary, read_jsonl
+from openrlhf_hacpo.cli.tiny import agent_step_stats, default_runs_dir, load_summary
+from openrlhf_hacpo.trainer.metrics import read_jsonl
 from openrlhf_hacpo.utils.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS, build_zoo, get_preset
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from openrlhf_hacpo.algorithms import PRESETS as ALGORITHMS
+from openrlhf_hacpo.trainer.metrics import read_jsonl
 
 __all__ = [
     "ALGORITHMS",
@@ -56,7 +57,6 @@ __all__ = [
     "build_summary",
     "format_table",
     "plot_validation",
-    "read_jsonl",
     "load_summary",
     "run_main_job",
     "main",
@@ -435,20 +435,6 @@ def plot_validation(summary: Mapping[str, Any], path: Path) -> Path:
     fig.savefig(buf, format="png")
     plt.close(fig)
     return atomic_write_bytes(path, buf.getvalue())
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a jsonl file; a torn last line of an interrupted write is skipped."""
-    out = []
-    if not Path(path).is_file():
-        return out
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
 
 
 def load_summary(run_dir: Path) -> dict[str, Any] | None:
