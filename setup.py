@@ -39,7 +39,9 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=find_packages(include=["openrlhf_hacpo", "openrlhf_hacpo.*", "kernels", "kernels.*"]),
+    packages=find_packages(include=["openrlhf_hacpo", "openrlhf_hacpo.*"]) + ["hacpo_kernels"],
+    # the kernels/ folder installs as `hacpo_kernels`, so it never shadows the Hugging Face `kernels` package
+    package_dir={"hacpo_kernels": "kernels"},
     include_package_data=True,
     install_requires=install_requires,
     extras_require=extras_require,

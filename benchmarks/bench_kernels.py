@@ -41,7 +41,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from kernels import fused_linear_logprobs, logprobs_from_logits  # noqa: E402
+from hacpo_kernels import fused_linear_logprobs, logprobs_from_logits  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 FULL_SHAPES = [(n, v) for n in (4096, 16384, 65536) for v in (32000, 128256, 151936)]

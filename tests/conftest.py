@@ -1,7 +1,7 @@
 """Test-wide settings.
 
 TRITON_INTERPRET must be set before any module decorates a Triton kernel, so it is set here, before
-`kernels` is imported by any test: without a CUDA device the Triton kernels run in Triton's interpreter
+`hacpo_kernels` is imported by any test: without a CUDA device the Triton kernels run in Triton's interpreter
 on the CPU and are compared against float64 references like the torch twins.
 """
 import os

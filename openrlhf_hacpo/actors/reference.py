@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
-from kernels import logprobs_from_logits
+from hacpo_kernels import logprobs_from_logits
 from openrlhf_hacpo.rollout import LearnerBatch, LearnerRow
 
 __all__ = ["ReferenceWorker", "ReferenceActor", "response_logprobs", "rows_to_batch"]

@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from kernels.dispatch import interpreter_active
-from kernels.logprobs import _logprobs_fwd_kernel
+from hacpo_kernels.dispatch import interpreter_active
+from hacpo_kernels.logprobs import _logprobs_fwd_kernel
 
 SEED = int(os.environ.get("KERNEL_TEST_SEED", str(int(time.time()) % 100_000)))
 """Fresh inputs every run; rerun a failure with KERNEL_TEST_SEED=<seed from the report header>."""

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from kernels import dispatch, resolve_backend
-from kernels.logprobs import _logprobs_fwd_kernel
+from hacpo_kernels import dispatch, resolve_backend
+from hacpo_kernels.logprobs import _logprobs_fwd_kernel
 
 
 class _CompiledKernelStandIn:
@@ -53,7 +53,7 @@ def test_kernels_import_nothing_from_the_project():
     import sys
 
     root = pathlib.Path(__file__).resolve().parents[2]
-    code = ("import sys, kernels; bad = [m for m in sys.modules if m.split('.')[0] == 'openrlhf_hacpo']; "
+    code = ("import sys, hacpo_kernels; bad = [m for m in sys.modules if m.split('.')[0] == 'openrlhf_hacpo']; "
             "sys.exit(f'kernels imported {bad}' if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernel_checks import DEVICES, TOL, assert_rel_close, poisoned_allocations, skip_unless_runnable
-from kernels import fused_linear_logprobs
+from hacpo_kernels import fused_linear_logprobs
 
 N, H, V = 37, 48, 1031
 IGNORE = -100

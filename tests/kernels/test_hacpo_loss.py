@@ -9,7 +9,7 @@ import torch
 
 from kernel_checks import (DEVICES, TRITON_ON_CPU, assert_finite, assert_rel_close, assert_sum_close,
                            poisoned_allocations, skip_unless_runnable)
-from kernels import METRIC_NAMES, cross_clip_lower_bound, hacpo_loss
+from hacpo_kernels import METRIC_NAMES, cross_clip_lower_bound, hacpo_loss
 
 GOLDEN_ATOL = 1e-9
 

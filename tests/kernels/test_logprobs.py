@@ -6,8 +6,8 @@ import torch
 
 from kernel_checks import (DEVICES, TOL, TRITON_ON_CPU, assert_finite, assert_rel_close, poisoned_allocations,
                            skip_unless_runnable)
-from kernels import logprobs_from_logits
-from kernels.logprobs import logprobs_bwd_torch, logprobs_bwd_triton, logprobs_fwd_torch, logprobs_fwd_triton
+from hacpo_kernels import logprobs_from_logits
+from hacpo_kernels.logprobs import logprobs_bwd_torch, logprobs_bwd_triton, logprobs_fwd_torch, logprobs_fwd_triton
 
 BACKENDS = ["triton", "torch"]
 N, V = 37, 1031

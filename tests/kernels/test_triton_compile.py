@@ -31,8 +31,8 @@ def compile_all() -> list[str]:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    hacpo_mod = importlib.import_module("kernels.hacpo_loss")  # the package attribute is the function
-    logprobs_mod = importlib.import_module("kernels.logprobs")
+    hacpo_mod = importlib.import_module("hacpo_kernels.hacpo_loss")  # the package attribute is the function
+    logprobs_mod = importlib.import_module("hacpo_kernels.logprobs")
 
     done = []
 
