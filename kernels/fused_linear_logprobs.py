@@ -46,10 +46,12 @@ from .logprobs import (
     logprobs_fwd_triton,
 )
 
-__all__ = ["fused_linear_logprobs", "DEFAULT_CHUNK_SIZE", "DEFAULT_VOCAB_CHUNK_SIZE"]
+__all__ = ["fused_linear_logprobs", "DEFAULT_CHUNK_SIZE", "DEFAULT_VOCAB_CHUNK_SIZE", "TWIN_TILE_ELEMENTS"]
 
 DEFAULT_CHUNK_SIZE = 2048
 DEFAULT_VOCAB_CHUNK_SIZE = 16384
+TWIN_TILE_ELEMENTS = 2**25
+"""Logits per tile of the torch twin (128 MiB in fp32): 220 tokens at a 151,936-token vocabulary."""
 
 
 def _vocab_labels(labels: torch.Tensor, v0: int, v1: int) -> torch.Tensor:
@@ -61,7 +63,12 @@ def _vocab_labels(labels: torch.Tensor, v0: int, v1: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------------------------
 # Triton backend: token x vocabulary tiles, GEMM + Triton log-prob kernel per tile
 # --------------------------------------------------------------------------------------------------------------
-def _fwd_triton(hidden, weight, labels, inv_temp, with_entropy, chunk_size, vocab_chunk_size):
+def _tile_logits(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``h @ w.T (+ b)`` for one tile, in the input dtype (fp32 accumulation inside the GEMM)."""
+    return h @ w.t() if b is None else torch.addmm(b, h, w.t())
+
+
+def _fwd_triton(hidden, weight, bias, labels, inv_temp, with_entropy, chunk_size, vocab_chunk_size):
     n_tok = hidden.shape[0]
     n_voc = weight.shape[0]
     dev = hidden.device
@@ -75,7 +82,7 @@ def _fwd_triton(hidden, weight, labels, inv_temp, with_entropy, chunk_size, voca
         run_lse = run_ent = z_y = None
         for v0 in range(0, n_voc, vocab_chunk_size):
             v1 = min(v0 + vocab_chunk_size, n_voc)
-            z = h_c @ weight[v0:v1].t()
+            z = _tile_logits(h_c, weight[v0:v1], None if bias is None else bias[v0:v1])
             lab_v = _vocab_labels(lab_c, v0, v1)
             logp_v, ent_v, lse_v = logprobs_fwd_triton(z, lab_v, inv_temp, with_entropy)
             del z
@@ -97,12 +104,13 @@ def _fwd_triton(hidden, weight, labels, inv_temp, with_entropy, chunk_size, voca
     return logp, entropy, lse
 
 
-def _bwd_triton(hidden, weight, labels, lse, entropy, dlogp, dentropy, inv_temp, chunk_size, vocab_chunk_size,
-                need_dh, need_dw):
+def _bwd_triton(hidden, weight, bias, labels, lse, entropy, dlogp, dentropy, inv_temp, chunk_size, vocab_chunk_size,
+                need_dh, need_dw, need_db):
     n_tok, n_hid = hidden.shape
     n_voc = weight.shape[0]
     d_hidden = torch.empty_like(hidden) if need_dh else None
     d_weight = torch.zeros_like(weight) if need_dw else None
+    d_bias = torch.zeros(n_voc, dtype=torch.float32, device=hidden.device) if need_db else None
     for s in range(0, n_tok, chunk_size):
         e = min(s + chunk_size, n_tok)
         h_c = hidden[s:e]
@@ -114,22 +122,24 @@ def _bwd_triton(hidden, weight, labels, lse, entropy, dlogp, dentropy, inv_temp,
         for v0 in range(0, n_voc, vocab_chunk_size):
             v1 = min(v0 + vocab_chunk_size, n_voc)
             w_v = weight[v0:v1]
-            z = h_c @ w_v.t()
+            z = _tile_logits(h_c, w_v, None if bias is None else bias[v0:v1])
             dz = logprobs_bwd_triton(z, _vocab_labels(lab_c, v0, v1), lse[s:e], ent_c, g_c, dh_ent, inv_temp, out=z)
             if need_dh:
                 acc += dz @ w_v
             if need_dw:
                 d_weight[v0:v1].addmm_(dz.t(), h_c)
+            if need_db:
+                d_bias[v0:v1] += dz.sum(dim=0, dtype=torch.float32)
             del z, dz
         if need_dh:
             d_hidden[s:e] = acc
-    return d_hidden, d_weight
+    return d_hidden, d_weight, None if d_bias is None else d_bias.to(bias.dtype)
 
 
 # --------------------------------------------------------------------------------------------------------------
 # torch twin: token chunks, whole vocabulary per chunk, recompute in backward
 # --------------------------------------------------------------------------------------------------------------
-def _fwd_torch(hidden, weight, labels, inv_temp, with_entropy, chunk_size):
+def _fwd_torch(hidden, weight, bias, labels, inv_temp, with_entropy, chunk_size):
     n_tok = hidden.shape[0]
     cdt = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     dev = hidden.device
@@ -138,7 +148,7 @@ def _fwd_torch(hidden, weight, labels, inv_temp, with_entropy, chunk_size):
     entropy = torch.empty(n_tok, dtype=cdt, device=dev) if with_entropy else None
     for s in range(0, n_tok, chunk_size):
         e = min(s + chunk_size, n_tok)
-        z = hidden[s:e] @ weight.t()
+        z = _tile_logits(hidden[s:e], weight, bias)
         logprobs_fwd_torch(
             z, labels[s:e], inv_temp, with_entropy,
             out_logp=logp[s:e], out_lse=lse[s:e], out_entropy=entropy[s:e] if with_entropy else None,
@@ -146,14 +156,17 @@ def _fwd_torch(hidden, weight, labels, inv_temp, with_entropy, chunk_size):
     return logp, entropy, lse
 
 
-def _bwd_torch(hidden, weight, labels, lse, entropy, dlogp, dentropy, inv_temp, chunk_size, need_dh, need_dw):
+def _bwd_torch(hidden, weight, bias, labels, lse, entropy, dlogp, dentropy, inv_temp, chunk_size, need_dh, need_dw,
+               need_db):
     n_tok = hidden.shape[0]
     d_hidden = torch.empty_like(hidden) if need_dh else None
     d_weight = torch.zeros_like(weight) if need_dw else None
+    d_bias = torch.zeros(weight.shape[0], dtype=torch.float64 if hidden.dtype == torch.float64 else torch.float32,
+                         device=hidden.device) if need_db else None
     for s in range(0, n_tok, chunk_size):
         e = min(s + chunk_size, n_tok)
         h_c = hidden[s:e]
-        z = h_c @ weight.t()
+        z = _tile_logits(h_c, weight, bias)
         dz = logprobs_bwd_torch(
             z, labels[s:e], lse[s:e],
             entropy[s:e] if entropy is not None else None,
@@ -165,8 +178,10 @@ def _bwd_torch(hidden, weight, labels, lse, entropy, dlogp, dentropy, inv_temp, 
             d_hidden[s:e] = dz @ weight
         if need_dw:
             d_weight.addmm_(dz.t(), h_c)
+        if need_db:
+            d_bias += dz.sum(dim=0, dtype=d_bias.dtype)
         del z, dz
-    return d_hidden, d_weight
+    return d_hidden, d_weight, None if d_bias is None else d_bias.to(bias.dtype)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -174,13 +189,14 @@ def _bwd_torch(hidden, weight, labels, lse, entropy, dlogp, dentropy, inv_temp, 
 # --------------------------------------------------------------------------------------------------------------
 class _FusedLinearLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, local_labels, inv_temp, with_entropy, backend, chunk_size, vocab_chunk_size):
+    def forward(ctx, hidden, weight, bias, local_labels, inv_temp, with_entropy, backend, chunk_size,
+                vocab_chunk_size):
         if backend == "triton":
-            logp, entropy, lse = _fwd_triton(hidden, weight, local_labels, inv_temp, with_entropy, chunk_size,
+            logp, entropy, lse = _fwd_triton(hidden, weight, bias, local_labels, inv_temp, with_entropy, chunk_size,
                                              vocab_chunk_size)
         else:
-            logp, entropy, lse = _fwd_torch(hidden, weight, local_labels, inv_temp, with_entropy, chunk_size)
-        ctx.save_for_backward(hidden, weight, local_labels, lse, entropy if with_entropy else lse)
+            logp, entropy, lse = _fwd_torch(hidden, weight, bias, local_labels, inv_temp, with_entropy, chunk_size)
+        ctx.save_for_backward(hidden, weight, bias, local_labels, lse, entropy if with_entropy else lse)
         ctx.cfg = (inv_temp, with_entropy, backend, chunk_size, vocab_chunk_size)
         ctx.set_materialize_grads(False)
         if with_entropy:
@@ -189,24 +205,25 @@ class _FusedLinearLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dlogp, dentropy=None):
-        hidden, weight, local_labels, lse, entropy = ctx.saved_tensors
+        hidden, weight, bias, local_labels, lse, entropy = ctx.saved_tensors
         inv_temp, with_entropy, backend, chunk_size, vocab_chunk_size = ctx.cfg
         if not with_entropy:
             entropy = dentropy = None
-        need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if (dlogp is None and dentropy is None) or not (need_dh or need_dw):
-            return None, None, None, None, None, None, None, None
+        need_dh, need_dw, need_db = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        if (dlogp is None and dentropy is None) or not (need_dh or need_dw or need_db):
+            return (None,) * 9
         if dlogp is not None:
             dlogp = torch.where(local_labels >= 0, dlogp, torch.zeros_like(dlogp)).contiguous()
         if dentropy is not None:
             dentropy = dentropy.contiguous()
         if backend == "triton":
-            d_hidden, d_weight = _bwd_triton(hidden, weight, local_labels, lse, entropy, dlogp, dentropy, inv_temp,
-                                             chunk_size, vocab_chunk_size, need_dh, need_dw)
+            d_hidden, d_weight, d_bias = _bwd_triton(hidden, weight, bias, local_labels, lse, entropy, dlogp, dentropy,
+                                                     inv_temp, chunk_size, vocab_chunk_size, need_dh, need_dw,
+                                                     need_db)
         else:
-            d_hidden, d_weight = _bwd_torch(hidden, weight, local_labels, lse, entropy, dlogp, dentropy, inv_temp,
-                                            chunk_size, need_dh, need_dw)
-        return d_hidden, d_weight, None, None, None, None, None, None
+            d_hidden, d_weight, d_bias = _bwd_torch(hidden, weight, bias, local_labels, lse, entropy, dlogp, dentropy,
+                                                    inv_temp, chunk_size, need_dh, need_dw, need_db)
+        return d_hidden, d_weight, d_bias, None, None, None, None, None, None
 
 
 def fused_linear_logprobs(
@@ -217,10 +234,11 @@ def fused_linear_logprobs(
     return_entropy: bool = False,
     ignore_index: int = -100,
     backend: str = "auto",
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     vocab_chunk_size: int = DEFAULT_VOCAB_CHUNK_SIZE,
+    bias: torch.Tensor | None = None,
 ):
-    """``log softmax(hidden @ weight.T / T)[label]`` (and entropy) with bounded extra memory.
+    """``log softmax((hidden @ weight.T + bias) / T)[label]`` (and entropy) with bounded extra memory.
 
     Args:
         hidden: ``[N, H]`` bf16/fp16/fp32 (fp64 on the torch backend).
@@ -230,7 +248,9 @@ def fused_linear_logprobs(
         return_entropy: also return the per-token entropy.
         ignore_index: label of rows without a target (``logp = 0``, no log-prob gradient).
         backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
-        chunk_size: tokens per tile (both backends).
+        bias: optional ``[V]`` output bias (an LM head with a bias); receives its gradient.
+        chunk_size: tokens per tile; ``None``: :data:`DEFAULT_CHUNK_SIZE` on the Triton backend, and on the torch
+            twin (whole vocabulary per tile) as many tokens as keep a tile at :data:`TWIN_TILE_ELEMENTS` logits.
         vocab_chunk_size: vocabulary entries per tile (Triton backend; the torch twin uses the whole vocabulary).
 
     Returns:
@@ -249,7 +269,7 @@ def fused_linear_logprobs(
         )
     if not (temperature > 0):
         raise ValueError(f"temperature must be positive, got {temperature}")
-    if int(chunk_size) <= 0:
+    if chunk_size is not None and int(chunk_size) <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     if int(vocab_chunk_size) <= 0:
         raise ValueError(f"vocab_chunk_size must be positive, got {vocab_chunk_size}")
@@ -261,9 +281,15 @@ def fused_linear_logprobs(
     allowed = FLOAT_DTYPES if chosen == "triton" else FLOAT_DTYPES + (torch.float64,)
     if hidden.dtype not in allowed:
         raise ValueError(f"hidden dtype {hidden.dtype} is not supported by the {chosen} backend (use one of {allowed})")
+    if bias is not None and (bias.shape != (n_voc,) or bias.dtype != weight.dtype or bias.device != weight.device):
+        raise ValueError(f"bias must be [{n_voc}] with the weight's dtype and device, got "
+                         f"{tuple(bias.shape)} {bias.dtype} {bias.device}")
+    if chunk_size is None:
+        chunk_size = DEFAULT_CHUNK_SIZE if chosen == "triton" else \
+            max(16, min(DEFAULT_CHUNK_SIZE, TWIN_TILE_ELEMENTS // n_voc))
     local_labels = torch.where(labels == ignore_index, torch.full_like(labels, -1), labels).long().contiguous()
     out = _FusedLinearLogprobs.apply(
-        hidden, weight, local_labels, 1.0 / float(temperature), bool(return_entropy), chosen, int(chunk_size),
+        hidden, weight, bias, local_labels, 1.0 / float(temperature), bool(return_entropy), chosen, int(chunk_size),
         int(vocab_chunk_size),
     )
     if return_entropy:

@@ -1,4 +1,8 @@
-r"""HACPO / GSPO policy loss on ``[B, T]`` token log-probs: one Triton launch forward, one backward.
+r"""HACPO / GSPO / GRPO / Naive policy loss on ``[B, T]`` token log-probs: one Triton launch forward, one backward.
+
+This module is the only place where the loss math lives: the Triton kernels for CUDA tensors and a plain-torch
+twin for everything else, chosen by :func:`hacpo_kernels.dispatch.resolve_backend`. The registered policy losses
+of ``openrlhf_hacpo.algorithms.losses`` call :func:`hacpo_loss`.
 
 Per sequence ``i`` (learner ``k``, source agent ``j``, optimizer-step index ``m`` inside the training step),
 with ``L_i = \sum_t mask_{i,t}`` (paper v1 numbering):
@@ -15,6 +19,12 @@ with ``L_i = \sum_t mask_{i,t}`` (paper v1 numbering):
   (eq. 10): ``obj_i = c_i\,\mathrm{sg}(c_i)^{\alpha}\,\omega_i A_i``.
   No ``min()``: the gradient is zero outside ``[lo, hi]`` whatever the sign of ``A_i``. With
   ``cross_clip=False`` the clamp is dropped (``c_i = s_i``).
+
+* Naive sharing (``foreign_rule="self_clip"``): every row, own or foreign, uses the own-row clip; ``coef`` unused.
+* KL (``kl_coef > 0``, ``ref_logp``): ``+ \beta\,\mathrm{KL}`` with the low-variance estimate
+  ``k3 = e^{d} - d - 1``, ``d = \mathrm{clamp}(\log\pi_{ref} - \log\pi_\theta, \pm 20)``, on own tokens only,
+  aggregated like the policy term (mean over own rows of per-row token means, or over own tokens);
+  ``\partial k3/\partial\log\pi_\theta = 1 - e^{d}`` inside the clamp.
 
 Token-level ratios (``ratio_level="token"``, needs ``old_logp [B, T]``) apply the same rules to every token with
 ``\ell_{i,t} = \log\pi_\theta(y_{i,t}) - \log\pi_{old}(y_{i,t})``; the sequence objective is then the masked mean
@@ -39,35 +49,65 @@ Metrics (0-d tensors, no device sync; names as in ``openrlhf_hacpo.algorithms.lo
 ``own_clip_frac_lower`` / ``own_clip_frac_upper`` (own units with ``s < 1-\epsilon_{low}`` / ``s > 1+\epsilon_{high}``),
 ``foreign_clip_frac_lower`` / ``foreign_clip_frac_upper`` / ``foreign_in_window_frac`` (foreign units with
 ``s < lo`` / ``s > hi`` / inside ``[lo, hi]``), ``own_ratio_mean`` / ``foreign_ratio_mean`` (mean ``s``), and the row
-counts ``num_own`` / ``num_foreign``; a unit is a non-empty sequence (sequence level) or a valid token (token level).
+counts ``num_own`` / ``num_foreign``; ``foreign_pos_*`` the same window fractions among foreign units with
+``A > 0``; ``pg_loss`` and ``kl`` (the two terms of the loss). A unit is a non-empty sequence (sequence level) or a
+valid token (token level).
 """
 from __future__ import annotations
+
+import math
+from typing import NamedTuple
 
 import torch
 
 from ._utils import cdiv, next_power_of_2, tl, triton
 from .dispatch import resolve_backend
 
-__all__ = ["hacpo_loss", "cross_clip_lower_bound", "METRIC_NAMES", "LOSS_AGGS", "RATIO_LEVELS", "CLIP_MODES"]
+__all__ = [
+    "hacpo_loss",
+    "HacpoLossOutput",
+    "cross_clip_lower_bound",
+    "validate_loss_params",
+    "METRIC_NAMES",
+    "LOSS_AGGS",
+    "RATIO_LEVELS",
+    "LOG_RATIO_CLIP_MODES",
+    "CROSS_CLIP_MODES",
+    "FOREIGN_RULES",
+    "KL_LOG_RATIO_LIMIT",
+]
 
 LOSS_AGGS = ("seq-mean-token-mean", "token-mean")
 RATIO_LEVELS = ("sequence", "token")
-CLIP_MODES = ("symmetric", "upper")
+LOG_RATIO_CLIP_MODES = ("symmetric", "upper")
+CLIP_MODES = LOG_RATIO_CLIP_MODES
 CROSS_CLIP_MODES = ("clamp", "pessimistic")
+FOREIGN_RULES = ("cross", "self_clip")
+"""How foreign rows are trained: ``cross`` (HACPO, eqs. 10-14) or ``self_clip`` (Naive: the own-row GSPO clip)."""
+
+KL_LOG_RATIO_LIMIT = 20.0
+"""The k3 KL clamps ref_logp - logp to +-20 before exponentiating, so fp32 never overflows."""
 
 # layout of the per-program partial sums
 _S_LOSS, _S_ROWS, _S_TOKENS = 0, 1, 2
 _S_OWN_N, _S_OWN_LOW, _S_OWN_HIGH, _S_OWN_RATIO = 3, 4, 5, 6
 _S_FOR_N, _S_FOR_BELOW, _S_FOR_ABOVE, _S_FOR_RATIO = 7, 8, 9, 10
 _S_OWN_ROWS, _S_FOR_ROWS = 11, 12
-_NUM_STATS = 13
+_S_KL, _S_OWN_TOKENS = 13, 14
+_S_FPOS_N, _S_FPOS_BELOW, _S_FPOS_ABOVE = 15, 16, 17
+_NUM_STATS = 18
 
 METRIC_NAMES = (
+    "pg_loss",
+    "kl",
     "own_clip_frac_lower",
     "own_clip_frac_upper",
     "foreign_clip_frac_lower",
     "foreign_clip_frac_upper",
     "foreign_in_window_frac",
+    "foreign_pos_clip_frac_lower",
+    "foreign_pos_clip_frac_upper",
+    "foreign_pos_in_window_frac",
     "own_ratio_mean",
     "foreign_ratio_mean",
     "num_own",
@@ -75,11 +115,73 @@ METRIC_NAMES = (
 )
 
 
+class HacpoLossOutput(NamedTuple):
+    """``loss`` 0-d (to minimise); ``objectives`` [B] detached per-row objectives; ``ratios`` [B] detached sequence
+    ratios s after the log-ratio clamp (``None`` at token level); ``metrics`` 0-d tensors named in
+    :data:`METRIC_NAMES`."""
+
+    loss: torch.Tensor
+    objectives: torch.Tensor
+    ratios: torch.Tensor | None
+    metrics: dict[str, torch.Tensor]
+
+
 def cross_clip_lower_bound(delta: float, delta_step: float, update_index: int, stepwise: bool = True) -> float:
-    """Lower end of the foreign-row ratio window: ``min(1, 1 - delta + m * delta_step)`` (eq. 14), or ``1 - delta``."""
+    """Lower end of the foreign-row ratio window: ``min(1, 1 - delta + m * delta_step)`` (eq. 14), or ``1 - delta``
+    (eq. 13) when not stepwise."""
+    if isinstance(update_index, bool) or int(update_index) != update_index or update_index < 0:
+        raise ValueError(f"update_index must be an int >= 0, got {update_index!r}")
     if stepwise:
-        return min(1.0, 1.0 - delta + update_index * delta_step)
+        return min(1.0, 1.0 - delta + int(update_index) * delta_step)
     return 1.0 - delta
+
+
+def _fail(owner: str, name: str, rule: str, value) -> None:
+    raise ValueError(f"{owner}.{name} must be {rule}, got {value!r}")
+
+
+def _real(owner: str, name: str, value, *, minimum: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(owner, name, "a number", value)
+    if not math.isfinite(value):
+        _fail(owner, name, "finite", value)
+    if minimum is not None and value < minimum:
+        _fail(owner, name, f">= {minimum:g}", value)
+
+
+def _choice(owner: str, name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        _fail(owner, name, f"one of {list(choices)}", value)
+
+
+def validate_loss_params(owner: str = "hacpo_loss", *, eps_low: float, eps_high: float, delta: float,
+                         delta_step: float, alpha: float, cross_clip_high: float, cross_clip_mode: str,
+                         cross_clip_dual: float, log_ratio_clip: float | None, log_ratio_clip_mode: str,
+                         ratio_level: str, loss_agg: str, kl_coef: float, foreign_rule: str = "cross") -> None:
+    """The one set of rules for the loss hyperparameters (``PolicyLossConfig`` validates through it too).
+
+    Raises ``ValueError("<owner>.<field> must be <rule>, got <value>")``.
+    """
+    for name, value in (("eps_low", eps_low), ("eps_high", eps_high), ("delta", delta), ("delta_step", delta_step),
+                        ("alpha", alpha), ("kl_coef", kl_coef)):
+        _real(owner, name, value, minimum=0.0)
+    if eps_low >= 1:
+        _fail(owner, "eps_low", "< 1", eps_low)
+    if delta > 1:
+        _fail(owner, "delta", "<= 1", delta)
+    _real(owner, "cross_clip_high", cross_clip_high, minimum=1.0)
+    _choice(owner, "cross_clip_mode", cross_clip_mode, CROSS_CLIP_MODES)
+    _real(owner, "cross_clip_dual", cross_clip_dual)
+    if not cross_clip_dual >= cross_clip_high:
+        _fail(owner, "cross_clip_dual", f">= cross_clip_high ({cross_clip_high})", cross_clip_dual)
+    if log_ratio_clip is not None:
+        _real(owner, "log_ratio_clip", log_ratio_clip)
+        if log_ratio_clip <= 0:
+            _fail(owner, "log_ratio_clip", "> 0 or None", log_ratio_clip)
+    _choice(owner, "log_ratio_clip_mode", log_ratio_clip_mode, LOG_RATIO_CLIP_MODES)
+    _choice(owner, "ratio_level", ratio_level, RATIO_LEVELS)
+    _choice(owner, "loss_agg", loss_agg, LOSS_AGGS)
+    _choice(owner, "foreign_rule", foreign_rule, FOREIGN_RULES)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -101,9 +203,11 @@ def _clip_log_ratio(ell, clip_val, CLIP_MODE: tl.constexpr):
 
 
 @triton.jit
-def _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, dual, alpha, CROSS_CLIP: tl.constexpr,
+def _objective(s, adv, self_rule, coef, eps_low, eps_high, lo, hi, dual, alpha, CROSS_CLIP: tl.constexpr,
                CROSS_MIN: tl.constexpr):
-    """Per-unit objective and d objective / d log-ratio (before the log-ratio clamp mask)."""
+    """Per-unit objective and d objective / d log-ratio (before the log-ratio clamp mask).
+
+    ``self_rule`` is True for units trained with the own-row GSPO clip (own rows; every row under Naive)."""
     s_cl = tl.minimum(tl.maximum(s, 1.0 - eps_low), 1.0 + eps_high)
     own_obj = tl.minimum(s * adv, s_cl * adv)
     own_d = tl.where(s * adv <= s_cl * adv, s * adv, 0.0)
@@ -123,22 +227,32 @@ def _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, dual, alpha, CROSS_
     else:
         for_obj = c * weight * coef * adv
         for_d = tl.where(in_window, s * weight * coef * adv, 0.0)
-    obj = tl.where(own, own_obj, for_obj)
-    dobj = tl.where(own, own_d, for_d)
+    obj = tl.where(self_rule, own_obj, for_obj)
+    dobj = tl.where(self_rule, own_d, for_d)
     return obj, dobj
 
 
 @triton.jit
+def _k3(lp, ref, kl_limit):
+    """Low-variance KL per token, exp(d) - d - 1 with d = clamp(ref - lp, ±limit), and d k3 / d lp."""
+    d = ref - lp
+    d_c = tl.minimum(tl.maximum(d, -kl_limit), kl_limit)
+    e = tl.exp(d_c)
+    passes = ((d >= -kl_limit) & (d <= kl_limit)).to(tl.float32)
+    return e - d_c - 1.0, (1.0 - e) * passes
+
+
+@triton.jit
 def _hacpo_fwd_kernel(
-    logp_ptr, mask_ptr, old_ptr, adv_ptr, old_mean_ptr, own_ptr, coef_ptr,
-    obj_ptr, rowg_ptr, partial_ptr,
-    n_rows, n_cols, stride_lp, stride_mk, stride_old,
-    eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, alpha_arg, clip_arg,
+    logp_ptr, mask_ptr, old_ptr, ref_ptr, adv_ptr, old_mean_ptr, own_ptr, coef_ptr,
+    obj_ptr, ratio_ptr, rowg_ptr, rowkl_ptr, partial_ptr,
+    n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_ref,
+    eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, alpha_arg, clip_arg, kl_limit_arg,
     TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, CROSS_MIN: tl.constexpr,
-    TOKEN_MEAN: tl.constexpr,
+    FOREIGN_SELF: tl.constexpr, HAS_KL: tl.constexpr, TOKEN_MEAN: tl.constexpr,
     NUM_STATS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """BLOCK_B rows per program: masked sums over T tiles, per-row objective and gradient factor, partial sums."""
+    """BLOCK_B rows per program: masked sums over T tiles, per-row objective and gradient factors, partial sums."""
     pid = tl.program_id(0)
     eps_low = tl.cast(eps_low_arg, tl.float32)
     eps_high = tl.cast(eps_high_arg, tl.float32)
@@ -147,6 +261,7 @@ def _hacpo_fwd_kernel(
     dual = tl.cast(dual_arg, tl.float32)
     alpha = tl.cast(alpha_arg, tl.float32)
     clip_val = tl.cast(clip_arg, tl.float32)
+    kl_limit = tl.cast(kl_limit_arg, tl.float32)
 
     rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < n_rows
@@ -154,10 +269,15 @@ def _hacpo_fwd_kernel(
     adv = tl.load(adv_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
     own = tl.load(own_ptr + rows64, mask=row_ok, other=0) != 0
     coef = tl.load(coef_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
+    if FOREIGN_SELF:
+        self_rule = row_ok | own
+    else:
+        self_rule = own
     cols = tl.arange(0, BLOCK_T)
 
     count = tl.zeros([BLOCK_B], dtype=tl.float32)
     acc = tl.zeros([BLOCK_B], dtype=tl.float32)  # sum of logp (sequence level) or of token objectives (token level)
+    kl_acc = tl.zeros([BLOCK_B], dtype=tl.float32)
     own_low = tl.zeros([BLOCK_B], dtype=tl.float32)
     own_high = tl.zeros([BLOCK_B], dtype=tl.float32)
     for_below = tl.zeros([BLOCK_B], dtype=tl.float32)
@@ -170,12 +290,17 @@ def _hacpo_fwd_kernel(
         valid = valid & in_bounds
         lp = tl.load(logp_ptr + rows64[:, None] * stride_lp + t[None, :], mask=valid, other=0.0).to(tl.float32)
         count += tl.sum(valid.to(tl.float32), axis=1)
+        if HAS_KL:
+            own_tok = valid & own[:, None]
+            ref = tl.load(ref_ptr + rows64[:, None] * stride_ref + t[None, :], mask=own_tok, other=0.0)
+            k3, _dk3 = _k3(lp, ref.to(tl.float32), kl_limit)
+            kl_acc += tl.sum(tl.where(own_tok, k3, 0.0), axis=1)
         if TOKEN_LEVEL:
             old = tl.load(old_ptr + rows64[:, None] * stride_old + t[None, :], mask=valid, other=0.0).to(tl.float32)
             ell, _passes = _clip_log_ratio(lp - old, clip_val, CLIP_MODE)
             s = tl.exp(ell)
-            obj_t, _d = _objective(s, adv[:, None], own[:, None], coef[:, None], eps_low, eps_high, lo, hi, dual,
-                                   alpha, CROSS_CLIP, CROSS_MIN)
+            obj_t, _d = _objective(s, adv[:, None], self_rule[:, None], coef[:, None], eps_low, eps_high, lo, hi,
+                                   dual, alpha, CROSS_CLIP, CROSS_MIN)
             acc += tl.sum(tl.where(valid, obj_t, 0.0), axis=1)
             own_t = valid & own[:, None]
             for_t = valid & (own[:, None] == 0)
@@ -205,8 +330,10 @@ def _hacpo_fwd_kernel(
         old_mean = tl.load(old_mean_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
         ell, passes = _clip_log_ratio(acc / safe_count - old_mean, clip_val, CLIP_MODE)
         s = tl.exp(ell)
-        obj, dobj = _objective(s, adv, own, coef, eps_low, eps_high, lo, hi, dual, alpha, CROSS_CLIP, CROSS_MIN)
+        obj, dobj = _objective(s, adv, self_rule, coef, eps_low, eps_high, lo, hi, dual, alpha, CROSS_CLIP,
+                               CROSS_MIN)
         obj = tl.where(nonempty, obj, 0.0)
+        tl.store(ratio_ptr + rows64, tl.where(nonempty, s, 0.0), mask=row_ok)
         if TOKEN_MEAN:
             loss_part = obj * count
             rowg = tl.where(nonempty, dobj * passes, 0.0)
@@ -223,6 +350,18 @@ def _hacpo_fwd_kernel(
         for_above = (for_row & (s > hi)).to(tl.float32)
         own_ratio = tl.where(own_row, s, 0.0)
         for_ratio = tl.where(for_row, s, 0.0)
+    own_rows = nonempty & own
+    if HAS_KL:
+        if TOKEN_MEAN:
+            kl_part = kl_acc
+            rowkl = tl.where(own_rows, 1.0, 0.0)
+        else:
+            kl_part = kl_acc / safe_count
+            rowkl = tl.where(own_rows, 1.0 / safe_count, 0.0)
+        tl.store(rowkl_ptr + rows64, rowkl, mask=row_ok)
+    else:
+        kl_part = kl_acc
+    positive = adv > 0.0
 
     tl.store(obj_ptr + rows64, obj, mask=row_ok)
     tl.store(rowg_ptr + rows64, rowg, mask=row_ok)
@@ -238,28 +377,37 @@ def _hacpo_fwd_kernel(
     tl.store(base + 8, tl.sum(for_below, axis=0))
     tl.store(base + 9, tl.sum(for_above, axis=0))
     tl.store(base + 10, tl.sum(for_ratio, axis=0))
-    tl.store(base + 11, tl.sum((nonempty & own).to(tl.float32), axis=0))
+    tl.store(base + 11, tl.sum(own_rows.to(tl.float32), axis=0))
     tl.store(base + 12, tl.sum((nonempty & (own == 0)).to(tl.float32), axis=0))
+    tl.store(base + 13, tl.sum(tl.where(row_ok, kl_part, 0.0), axis=0))
+    tl.store(base + 14, tl.sum(tl.where(own, count, 0.0), axis=0))
+    tl.store(base + 15, tl.sum(tl.where(positive, for_units, 0.0), axis=0))
+    tl.store(base + 16, tl.sum(tl.where(positive, for_below, 0.0), axis=0))
+    tl.store(base + 17, tl.sum(tl.where(positive, for_above, 0.0), axis=0))
 
 
 @triton.jit
 def _hacpo_bwd_kernel(
-    logp_ptr, mask_ptr, old_ptr, adv_ptr, own_ptr, coef_ptr, rowg_ptr, dloss_ptr, denom_ptr, grad_ptr,
-    n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_g,
-    eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, alpha_arg, clip_arg,
+    logp_ptr, mask_ptr, old_ptr, ref_ptr, adv_ptr, own_ptr, coef_ptr, rowg_ptr, rowkl_ptr, scale_ptr, grad_ptr,
+    n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_ref, stride_g,
+    eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, alpha_arg, clip_arg, kl_limit_arg,
     TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, CROSS_MIN: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
+    FOREIGN_SELF: tl.constexpr, HAS_KL: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """d loss / d logp[i, t] = -(dloss / D) * mask * (row factor [* d o_t / d ell_t at token level])."""
+    """d loss / d logp[i, t] = pg_scale * mask * (row factor [* d o_t / d ell_t at token level])
+    + kl_scale * own mask * row KL weight * d k3 / d logp, with pg_scale = -dloss / D, kl_scale = dloss·β / D_kl."""
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < n_rows
     rows64 = rows.to(tl.int64)
     in_bounds = row_ok[:, None] & (t[None, :] < n_cols)
-    scale = -tl.load(dloss_ptr).to(tl.float32) / tl.load(denom_ptr).to(tl.float32)
+    pg_scale = tl.load(scale_ptr).to(tl.float32)
     valid = tl.load(mask_ptr + rows64[:, None] * stride_mk + t[None, :], mask=in_bounds, other=0) != 0
     valid = valid & in_bounds
     rowg = tl.load(rowg_ptr + rows64, mask=row_ok, other=0.0)
+    if TOKEN_LEVEL or HAS_KL:
+        lp = tl.load(logp_ptr + rows64[:, None] * stride_lp + t[None, :], mask=valid, other=0.0).to(tl.float32)
+        own = tl.load(own_ptr + rows64, mask=row_ok, other=0) != 0
     if TOKEN_LEVEL:
         eps_low = tl.cast(eps_low_arg, tl.float32)
         eps_high = tl.cast(eps_high_arg, tl.float32)
@@ -269,17 +417,27 @@ def _hacpo_bwd_kernel(
         alpha = tl.cast(alpha_arg, tl.float32)
         clip_val = tl.cast(clip_arg, tl.float32)
         adv = tl.load(adv_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
-        own = tl.load(own_ptr + rows64, mask=row_ok, other=0) != 0
         coef = tl.load(coef_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
-        lp = tl.load(logp_ptr + rows64[:, None] * stride_lp + t[None, :], mask=valid, other=0.0).to(tl.float32)
+        if FOREIGN_SELF:
+            self_rule = row_ok | own
+        else:
+            self_rule = own
         old = tl.load(old_ptr + rows64[:, None] * stride_old + t[None, :], mask=valid, other=0.0).to(tl.float32)
         ell, passes = _clip_log_ratio(lp - old, clip_val, CLIP_MODE)
-        _obj, dobj = _objective(tl.exp(ell), adv[:, None], own[:, None], coef[:, None], eps_low, eps_high, lo, hi,
-                                dual, alpha, CROSS_CLIP, CROSS_MIN)
-        g = dobj * passes * rowg[:, None]
+        _obj, dobj = _objective(tl.exp(ell), adv[:, None], self_rule[:, None], coef[:, None], eps_low, eps_high,
+                                lo, hi, dual, alpha, CROSS_CLIP, CROSS_MIN)
+        g = pg_scale * dobj * passes * rowg[:, None]
     else:
-        g = tl.zeros([BLOCK_B, BLOCK_T], dtype=tl.float32) + rowg[:, None]
-    grad = tl.where(valid, scale * g, 0.0)
+        g = tl.zeros([BLOCK_B, BLOCK_T], dtype=tl.float32) + pg_scale * rowg[:, None]
+    if HAS_KL:
+        kl_scale = tl.load(scale_ptr + 1).to(tl.float32)
+        kl_limit = tl.cast(kl_limit_arg, tl.float32)
+        own_tok = valid & own[:, None]
+        ref = tl.load(ref_ptr + rows64[:, None] * stride_ref + t[None, :], mask=own_tok, other=0.0).to(tl.float32)
+        _k, dk3 = _k3(lp, ref, kl_limit)
+        rowkl = tl.load(rowkl_ptr + rows64, mask=row_ok, other=0.0)
+        g += tl.where(own_tok, kl_scale * rowkl[:, None] * dk3, 0.0)
+    grad = tl.where(valid, g, 0.0)
     tl.store(grad_ptr + rows64[:, None] * stride_g + t[None, :], grad.to(grad_ptr.dtype.element_ty), mask=in_bounds)
 
 
@@ -292,80 +450,94 @@ def _as_loadable(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.uint8) if x.dtype == torch.bool else x
 
 
-def _rowwise(x: torch.Tensor) -> torch.Tensor:
+def _rowwise(x: torch.Tensor | None) -> torch.Tensor | None:
+    if x is None:
+        return None
     x = _as_loadable(x)
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _denominators(stats: torch.Tensor, hp: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """(D, D_kl): the policy-gradient and KL aggregation denominators (given mini-batch totals, else counted)."""
+    def pick(given, counted):
+        if given is not None:
+            return torch.full((), float(given), dtype=stats.dtype, device=stats.device)
+        return counted.clamp(min=1.0)
+
+    if hp["token_mean"]:
+        return (pick(hp["num_tokens"], stats[_S_TOKENS]),
+                pick(hp["num_own_tokens"], stats[_S_OWN_TOKENS]).clamp(min=1.0))
+    return pick(hp["num_seqs"], stats[_S_ROWS]), pick(hp["num_own_seqs"], stats[_S_OWN_ROWS]).clamp(min=1.0)
+
+
 class _HacpoLossTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logp, mask, old_logp, adv, old_mean, own, coef, hp):
+    def forward(ctx, logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, hp):
         n_rows, n_cols = logp.shape
         dev = logp.device
         block_b = min(_BLOCK_B, max(next_power_of_2(n_rows), 1))
         block_t = min(_BLOCK_T, max(next_power_of_2(n_cols), 16))
         n_prog = max(cdiv(n_rows, block_b), 1)
         obj = torch.empty(n_rows, dtype=torch.float32, device=dev)
+        ratio = torch.zeros(n_rows, dtype=torch.float32, device=dev)
         rowg = torch.empty(n_rows, dtype=torch.float32, device=dev)
+        rowkl = torch.zeros(n_rows, dtype=torch.float32, device=dev)
         partials = torch.empty((n_prog, _NUM_STATS), dtype=torch.float32, device=dev)
         old_arg = old_logp if old_logp is not None else logp
+        ref_arg = ref_logp if ref_logp is not None else logp
         old_mean_arg = old_mean if old_mean is not None else adv
         if n_rows == 0:
             partials.zero_()
         else:
             _hacpo_fwd_kernel[(n_prog,)](
-                logp, mask, old_arg, adv, old_mean_arg, own, coef, obj, rowg, partials,
-                n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0),
+                logp, mask, old_arg, ref_arg, adv, old_mean_arg, own, coef, obj, ratio, rowg, rowkl, partials,
+                n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0), ref_arg.stride(0),
                 hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["dual"], hp["alpha"], hp["clip_val"],
+                KL_LOG_RATIO_LIMIT,
                 TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
-                CROSS_MIN=hp["cross_min"],
+                CROSS_MIN=hp["cross_min"], FOREIGN_SELF=hp["foreign_self"], HAS_KL=hp["has_kl"],
                 TOKEN_MEAN=hp["token_mean"], NUM_STATS=_NUM_STATS, BLOCK_B=block_b, BLOCK_T=block_t,
                 num_warps=4,
             )
         stats = partials.sum(dim=0) if n_prog > 1 else partials[0]
-        denom = _denominator(stats, hp)
-        loss = -stats[_S_LOSS] / denom
-        ctx.save_for_backward(logp, mask, old_arg, adv, own, coef, rowg, denom)
+        denom, kl_denom = _denominators(stats, hp)
+        pg_loss = -stats[_S_LOSS] / denom
+        kl = stats[_S_KL] / kl_denom
+        loss = pg_loss + hp["kl_coef"] * kl
+        ctx.save_for_backward(logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, denom, kl_denom)
         ctx.hp = hp
         ctx.blocks = (block_b, block_t)
-        ctx.mark_non_differentiable(obj, stats)
-        return loss, obj, stats
+        ctx.mark_non_differentiable(obj, ratio, stats, pg_loss, kl)
+        return loss, obj, ratio, stats, pg_loss, kl
 
     @staticmethod
-    def backward(ctx, dloss, _dobj, _dstats):
-        logp, mask, old_arg, adv, own, coef, rowg, denom = ctx.saved_tensors
+    def backward(ctx, dloss, *_unused):
+        logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, denom, kl_denom = ctx.saved_tensors
         hp = ctx.hp
         n_rows, n_cols = logp.shape
         grad = torch.empty((n_rows, n_cols), dtype=logp.dtype, device=logp.device)
         if dloss is None:
-            return (grad.zero_(),) + (None,) * 7
+            return (grad.zero_(),) + (None,) * 8
+        scales = torch.stack([-dloss / denom, dloss * hp["kl_coef"] / kl_denom]).to(torch.float32)
         block_b, block_t = ctx.blocks
         if n_rows and n_cols:
             _hacpo_bwd_kernel[(cdiv(n_rows, block_b), cdiv(n_cols, block_t))](
-                logp, mask, old_arg, adv, own, coef, rowg, dloss.reshape(1).contiguous(), denom.reshape(1), grad,
-                n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0), grad.stride(0),
+                logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, scales, grad,
+                n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0), ref_arg.stride(0),
+                grad.stride(0),
                 hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["dual"], hp["alpha"], hp["clip_val"],
+                KL_LOG_RATIO_LIMIT,
                 TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
-                CROSS_MIN=hp["cross_min"],
+                CROSS_MIN=hp["cross_min"], FOREIGN_SELF=hp["foreign_self"], HAS_KL=hp["has_kl"],
                 BLOCK_B=block_b, BLOCK_T=block_t, num_warps=4,
             )
-        return (grad,) + (None,) * 7
-
-
-def _denominator(stats: torch.Tensor, hp: dict) -> torch.Tensor:
-    if hp["token_mean"]:
-        given, counted = hp["num_tokens"], stats[_S_TOKENS]
-    else:
-        given, counted = hp["num_seqs"], stats[_S_ROWS]
-    if given is not None:
-        return torch.full((), float(given), dtype=stats.dtype, device=stats.device)
-    return counted.clamp(min=1.0)
+        return (grad,) + (None,) * 8
 
 
 # --------------------------------------------------------------------------------------------------------------
-# torch twin (plain differentiable torch ops)
+# torch twin (plain differentiable torch ops): the algorithm core of eqs. 6-14 and 47-53 on the CPU
 # --------------------------------------------------------------------------------------------------------------
-def _hacpo_loss_torch(logp, mask, old_logp, adv, old_mean, own, coef, hp):
+def _hacpo_loss_torch(logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, hp):
     cdt = torch.float64 if logp.dtype == torch.float64 else torch.float32
     valid = mask != 0
     zero = torch.zeros((), dtype=cdt, device=logp.device)
@@ -377,19 +549,22 @@ def _hacpo_loss_torch(logp, mask, old_logp, adv, old_mean, own, coef, hp):
     adv = adv.to(cdt)
     coef = coef.to(cdt)
     own = own != 0
+    self_rule = torch.ones_like(own) if hp["foreign_self"] else own
     token_level = hp["token_level"]
     if token_level:
         ell = torch.where(valid, lp - old_logp.to(cdt), zero)
-        a, o, w = adv[:, None], own[:, None], coef[:, None]
+        a, o, w = adv[:, None], self_rule[:, None], coef[:, None]
     else:
         ell = lp.sum(dim=-1) / safe_count - old_mean.to(cdt)
-        a, o, w = adv, own, coef
+        a, o, w = adv, self_rule, coef
     if hp["clip_mode"] == 1:
         ell = ell.clamp(-hp["clip_val"], hp["clip_val"])
     elif hp["clip_mode"] == 2:
         ell = ell.clamp(max=hp["clip_val"])
     s = ell.exp()
+    # own rows (and every row under Naive): min(s·A, clip(s, 1 - eps_low, 1 + eps_high)·A)   (eqs. 47-49)
     own_obj = torch.minimum(s * a, s.clamp(1.0 - hp["eps_low"], 1.0 + hp["eps_high"]) * a)
+    # foreign rows: c·sg(c)^α·ω·A with c = clamp(s, lo_m, hi)                                  (eqs. 10-14, 50-52)
     c = s.clamp(hp["lo"], hp["hi"]) if hp["cross_clip"] else s
     weight = c.detach().pow(hp["alpha"]) * w
     if hp["cross_min"]:
@@ -402,12 +577,24 @@ def _hacpo_loss_torch(logp, mask, old_logp, adv, old_mean, own, coef, hp):
         unit_obj = torch.where(valid, unit_obj, zero)
         obj = unit_obj.sum(dim=-1) / safe_count
         loss_sum = unit_obj.sum() if hp["token_mean"] else obj.sum()
-        own_u, for_u = valid & o, valid & ~o
+        own_u, for_u = valid & own[:, None], valid & ~own[:, None]
+        positive = (adv > 0)[:, None]
+        ratio = None
     else:
         obj = torch.where(nonempty, unit_obj, torch.zeros_like(unit_obj))
         loss_sum = (obj * count).sum() if hp["token_mean"] else obj.sum()
         own_u, for_u = nonempty & own, nonempty & ~own
+        positive = adv > 0
+        ratio = torch.where(nonempty, s.detach(), torch.zeros_like(s))
+    # low-variance KL (k3) to the reference policy on own tokens
+    kl_sum = zero
+    if hp["has_kl"]:
+        own_tok = valid & own[:, None]
+        d = torch.where(own_tok, ref_logp.to(cdt) - lp, zero).clamp(-KL_LOG_RATIO_LIMIT, KL_LOG_RATIO_LIMIT)
+        k3 = torch.where(own_tok, d.exp() - d - 1.0, zero).sum(dim=-1)
+        kl_sum = k3.sum() if hp["token_mean"] else (k3 / safe_count).sum()
     sd = s.detach()
+    fpos = for_u & positive
     stats = torch.stack([
         loss_sum.detach(),
         nonempty.sum().to(cdt),
@@ -422,41 +609,62 @@ def _hacpo_loss_torch(logp, mask, old_logp, adv, old_mean, own, coef, hp):
         torch.where(for_u, sd, torch.zeros_like(sd)).sum(),
         (nonempty & own).sum().to(cdt),
         (nonempty & ~own).sum().to(cdt),
+        kl_sum.detach(),
+        torch.where(own, count, zero).sum(),
+        fpos.sum().to(cdt),
+        (fpos & (sd < hp["lo"])).sum().to(cdt),
+        (fpos & (sd > hp["hi"])).sum().to(cdt),
     ])
-    loss = -loss_sum / _denominator(stats, hp)
-    return loss, obj.detach(), stats
+    denom, kl_denom = _denominators(stats, hp)
+    pg_loss = -loss_sum / denom
+    kl = kl_sum / kl_denom
+    loss = pg_loss + hp["kl_coef"] * kl
+    return loss, obj.detach(), ratio, stats, pg_loss.detach(), kl.detach()
 
 
 # --------------------------------------------------------------------------------------------------------------
 # public function
 # --------------------------------------------------------------------------------------------------------------
-def _metrics_from_stats(stats: torch.Tensor) -> dict[str, torch.Tensor]:
-    own_n = stats[_S_OWN_N]
-    for_n = stats[_S_FOR_N]
-    own_d = own_n.clamp(min=1.0)
-    for_d = for_n.clamp(min=1.0)
-    below = stats[_S_FOR_BELOW] / for_d
-    above = stats[_S_FOR_ABOVE] / for_d
+def _window_fractions(n: torch.Tensor, below: torch.Tensor, above: torch.Tensor):
+    d = n.clamp(min=1.0)
+    low, high = below / d, above / d
+    return low, high, torch.where(n > 0, 1.0 - low - high, torch.zeros_like(low))
+
+
+def _metrics_from_stats(stats: torch.Tensor, pg_loss: torch.Tensor, kl: torch.Tensor) -> dict[str, torch.Tensor]:
+    own_d = stats[_S_OWN_N].clamp(min=1.0)
+    f_low, f_high, f_in = _window_fractions(stats[_S_FOR_N], stats[_S_FOR_BELOW], stats[_S_FOR_ABOVE])
+    p_low, p_high, p_in = _window_fractions(stats[_S_FPOS_N], stats[_S_FPOS_BELOW], stats[_S_FPOS_ABOVE])
     return {
+        "pg_loss": pg_loss,
+        "kl": kl,
         "own_clip_frac_lower": stats[_S_OWN_LOW] / own_d,
         "own_clip_frac_upper": stats[_S_OWN_HIGH] / own_d,
-        "foreign_clip_frac_lower": below,
-        "foreign_clip_frac_upper": above,
-        "foreign_in_window_frac": torch.where(for_n > 0, 1.0 - below - above, torch.zeros_like(below)),
+        "foreign_clip_frac_lower": f_low,
+        "foreign_clip_frac_upper": f_high,
+        "foreign_in_window_frac": f_in,
+        "foreign_pos_clip_frac_lower": p_low,
+        "foreign_pos_clip_frac_upper": p_high,
+        "foreign_pos_in_window_frac": p_in,
         "own_ratio_mean": stats[_S_OWN_RATIO] / own_d,
-        "foreign_ratio_mean": stats[_S_FOR_RATIO] / for_d,
+        "foreign_ratio_mean": stats[_S_FOR_RATIO] / stats[_S_FOR_N].clamp(min=1.0),
         "num_own": stats[_S_OWN_ROWS],
         "num_foreign": stats[_S_FOR_ROWS],
     }
 
 
-def _check_row_vector(x: torch.Tensor | None, name: str, n_rows: int, device) -> None:
+def _check_tensor(x: torch.Tensor | None, name: str, shape: tuple[int, ...], device) -> None:
     if x is None:
         raise ValueError(f"{name} is required")
-    if x.dim() != 1 or x.shape[0] != n_rows:
-        raise ValueError(f"{name} must have shape [{n_rows}], got {tuple(x.shape)}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(x.shape)}")
     if x.device != device:
         raise ValueError(f"{name} is on {x.device}, expected {device}")
+
+
+def _check_count(name: str, value) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
 
 
 def hacpo_loss(
@@ -478,16 +686,22 @@ def hacpo_loss(
     cross_clip_high: float = 1.0,
     cross_clip_mode: str = "clamp",
     cross_clip_dual: float = 3.0,
+    foreign_rule: str = "cross",
     log_ratio_clip: float | None = 10.0,
     log_ratio_clip_mode: str = "symmetric",
     ratio_level: str = "sequence",
     old_logp: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    ref_logp: torch.Tensor | None = None,
     loss_agg: str = "seq-mean-token-mean",
     num_seqs: int | None = None,
     num_tokens: int | None = None,
+    num_own_seqs: int | None = None,
+    num_own_tokens: int | None = None,
     backend: str = "auto",
-):
-    """HACPO loss for one learner on a micro-batch of ``B`` sequences (formulas in the module docstring).
+) -> HacpoLossOutput:
+    """HACPO / GSPO / GRPO / Naive loss for one learner on a micro-batch of ``B`` rows (formulas in the module
+    docstring).
 
     Args:
         logp: ``[B, T]`` current token log-probs of the learner (differentiable).
@@ -508,87 +722,86 @@ def hacpo_loss(
             advantages below the window and negative ones above it keep their gradient).
         cross_clip_dual: pessimistic mode: negative-advantage foreign units with ``s > cross_clip_dual`` get no
             gradient (dual clip, ``>= cross_clip_high``).
+        foreign_rule: ``"cross"`` (HACPO, the rules above) or ``"self_clip"`` (Naive: foreign rows use the own-row
+            clip, ``coef`` is ignored; the foreign metrics then use the window ``[1 - eps_low, 1 + eps_high]``).
         log_ratio_clip: clamp of the log-ratio, ``None`` for none.
         log_ratio_clip_mode: ``"symmetric"`` (``[-C, C]``) or ``"upper"`` (``<= C``).
         ratio_level: ``"sequence"`` (GSPO) or ``"token"`` (needs ``old_logp``).
         old_logp: ``[B, T]`` old token log-probs on the same tokens (token level only).
+        kl_coef, ref_logp: weight and ``[B, T]`` reference log-probs of the low-variance (k3) KL on own tokens,
+            ``exp(d) - d - 1`` with ``d = clamp(ref - logp, ±20)``, aggregated like the policy term over own rows
+            (``num_own_seqs``) or own tokens (``num_own_tokens``); the metric ``kl`` is reported whenever
+            ``ref_logp`` is given.
         loss_agg: ``"seq-mean-token-mean"`` or ``"token-mean"``.
-        num_seqs, num_tokens: aggregation denominators (mini-batch totals under gradient accumulation).
+        num_seqs, num_tokens, num_own_seqs, num_own_tokens: aggregation denominators (mini-batch totals under
+            gradient accumulation); ``None`` counts this micro-batch.
         backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
 
     Returns:
-        ``(loss 0-d, objectives [B] detached, metrics dict of 0-d tensors)``; fp32, or fp64 for fp64 ``logp`` on
-        the torch backend.
+        :class:`HacpoLossOutput`; fp32, or fp64 for fp64 ``logp`` on the torch backend.
     """
     if logp.dim() != 2:
         raise ValueError(f"logp must be 2-D [B, T], got shape {tuple(logp.shape)}")
     n_rows, n_cols = logp.shape
     dev = logp.device
-    if mask.shape != logp.shape:
-        raise ValueError(f"mask must have shape {tuple(logp.shape)}, got {tuple(mask.shape)}")
-    if mask.device != dev:
-        raise ValueError(f"mask is on {mask.device}, expected {dev}")
-    if ratio_level not in RATIO_LEVELS:
-        raise ValueError(f"ratio_level must be one of {RATIO_LEVELS}, got {ratio_level!r}")
-    if loss_agg not in LOSS_AGGS:
-        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
-    if log_ratio_clip_mode not in CLIP_MODES:
-        raise ValueError(f"log_ratio_clip_mode must be one of {CLIP_MODES}, got {log_ratio_clip_mode!r}")
+    _check_tensor(mask, "mask", (n_rows, n_cols), dev)
+    validate_loss_params("hacpo_loss", eps_low=eps_low, eps_high=eps_high, delta=delta, delta_step=delta_step,
+                         alpha=alpha, cross_clip_high=cross_clip_high, cross_clip_mode=cross_clip_mode,
+                         cross_clip_dual=cross_clip_dual, log_ratio_clip=log_ratio_clip,
+                         log_ratio_clip_mode=log_ratio_clip_mode, ratio_level=ratio_level, loss_agg=loss_agg,
+                         kl_coef=kl_coef, foreign_rule=foreign_rule)
     token_level = ratio_level == "token"
     for name, vec in (("advantages", advantages), ("is_own", is_own), ("coef", coef)):
-        _check_row_vector(vec, name, n_rows, dev)
+        _check_tensor(vec, name, (n_rows,), dev)
     if token_level:
         if old_logp is None or old_logp.shape != logp.shape or old_logp.device != dev:
             raise ValueError(f"ratio_level='token' needs old_logp of shape {tuple(logp.shape)} on {dev}")
     else:
-        _check_row_vector(old_logp_mean, "old_logp_mean", n_rows, dev)
-    if eps_low < 0 or eps_high < 0:
-        raise ValueError(f"eps_low and eps_high must be >= 0, got {eps_low}, {eps_high}")
-    if not 0.0 <= delta <= 1.0:
-        raise ValueError(f"delta must be in [0, 1], got {delta}")
-    if cross_clip_mode not in CROSS_CLIP_MODES:
-        raise ValueError(f"cross_clip_mode must be one of {CROSS_CLIP_MODES}, got {cross_clip_mode!r}")
-    if not cross_clip_high >= 1.0:
-        raise ValueError(f"cross_clip_high must be >= 1, got {cross_clip_high}")
-    if not cross_clip_dual >= cross_clip_high:
-        raise ValueError(f"cross_clip_dual must be >= cross_clip_high ({cross_clip_high}), got {cross_clip_dual}")
-    if delta_step < 0:
-        raise ValueError(f"delta_step must be >= 0, got {delta_step}")
-    if alpha < 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
-    if int(update_index) != update_index or update_index < 0:
-        raise ValueError(f"update_index must be a non-negative integer, got {update_index}")
-    if log_ratio_clip is not None and not log_ratio_clip > 0:
-        raise ValueError(f"log_ratio_clip must be positive or None, got {log_ratio_clip}")
-    for name, val in (("num_seqs", num_seqs), ("num_tokens", num_tokens)):
-        if val is not None and not val > 0:
-            raise ValueError(f"{name} must be positive or None, got {val}")
+        _check_tensor(old_logp_mean, "old_logp_mean", (n_rows,), dev)
+    if kl_coef > 0 and ref_logp is None:
+        raise ValueError(f"kl_coef = {kl_coef} > 0 needs ref_logp [B, T]")
+    if ref_logp is not None:
+        _check_tensor(ref_logp, "ref_logp", (n_rows, n_cols), dev)
+    for name, val in (("num_seqs", num_seqs), ("num_tokens", num_tokens), ("num_own_seqs", num_own_seqs),
+                      ("num_own_tokens", num_own_tokens)):
+        _check_count(name, val)
 
+    self_rule = foreign_rule == "self_clip"
+    lo = cross_clip_lower_bound(delta, delta_step, update_index, stepwise)
     hp = {
         "eps_low": float(eps_low),
         "eps_high": float(eps_high),
-        "lo": float(cross_clip_lower_bound(delta, delta_step, int(update_index), stepwise)),
-        "hi": float(cross_clip_high),
+        # Naive reports its foreign rows against its own clip window
+        "lo": 1.0 - float(eps_low) if self_rule else float(lo),
+        "hi": 1.0 + float(eps_high) if self_rule else float(cross_clip_high),
         "dual": float(cross_clip_dual),
         "alpha": float(alpha),
         "clip_val": float(log_ratio_clip) if log_ratio_clip is not None else 0.0,
         "clip_mode": 0 if log_ratio_clip is None else (1 if log_ratio_clip_mode == "symmetric" else 2),
         "cross_clip": bool(cross_clip),
         "cross_min": bool(cross_clip) and cross_clip_mode == "pessimistic",
+        "foreign_self": self_rule,
+        "has_kl": ref_logp is not None,
+        "kl_coef": float(kl_coef),
         "token_level": token_level,
         "token_mean": loss_agg == "token-mean",
         "num_seqs": num_seqs,
         "num_tokens": num_tokens,
+        "num_own_seqs": num_own_seqs,
+        "num_own_tokens": num_own_tokens,
     }
     chosen = resolve_backend(backend, logp, _hacpo_fwd_kernel)
     if chosen == "triton":
         if logp.dtype not in (torch.float16, torch.bfloat16, torch.float32):
             raise ValueError(f"logp dtype {logp.dtype} is not supported by the triton backend")
-        loss, obj, stats = _HacpoLossTriton.apply(
-            _rowwise(logp), _rowwise(mask), _rowwise(old_logp) if token_level else None,
+        loss, obj, ratio, stats, pg_loss, kl = _HacpoLossTriton.apply(
+            _rowwise(logp), _rowwise(mask), _rowwise(old_logp) if token_level else None, _rowwise(ref_logp),
             advantages.contiguous(), old_logp_mean.contiguous() if not token_level else None,
             _as_loadable(is_own).contiguous(), coef.contiguous(), hp,
         )
+        if token_level:
+            ratio = None
     else:
-        loss, obj, stats = _hacpo_loss_torch(logp, mask, old_logp, advantages, old_logp_mean, is_own, coef, hp)
-    return loss, obj, _metrics_from_stats(stats)
+        loss, obj, ratio, stats, pg_loss, kl = _hacpo_loss_torch(logp, mask, old_logp, ref_logp, advantages,
+                                                                 old_logp_mean, is_own, coef, hp)
+    return HacpoLossOutput(loss, obj, ratio, _metrics_from_stats(stats, pg_loss, kl))

@@ -1,6 +1,6 @@
 """HACPO math on plain tensors: capability tracking, capability-aware advantages and the policy-loss registry.
 
-Nothing here imports Ray, models or the rest of the package; see ``docs/algorithm.md`` for the formulas.
+Nothing here imports Ray, models or the rest of the package (the loss math itself is in ``hacpo_kernels``); see ``docs/algorithm.md`` for the formulas.
 """
 from .advantages import AdvantageOutput, compute_advantages
 from .capability import CapabilityTracker, capability_ratios, step_capability
@@ -17,12 +17,8 @@ from .losses import (
     PolicyLossFn,
     PolicyLossInput,
     PolicyLossOutput,
-    clamp_log_ratio,
-    cross_objective,
     get_policy_loss,
-    low_var_kl,
     register_policy_loss,
-    self_clip_objective,
 )
 
 __all__ = [
@@ -39,12 +35,8 @@ __all__ = [
     "PolicyLossInput",
     "PolicyLossOutput",
     "capability_ratios",
-    "clamp_log_ratio",
     "compute_advantages",
-    "cross_objective",
     "get_policy_loss",
-    "low_var_kl",
     "register_policy_loss",
-    "self_clip_objective",
     "step_capability",
 ]

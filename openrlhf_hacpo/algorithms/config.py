@@ -11,6 +11,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from hacpo_kernels.hacpo_loss import (
+    CROSS_CLIP_MODES,
+    LOG_RATIO_CLIP_MODES,
+    LOSS_AGGS as LOSS_AGGREGATIONS,
+    RATIO_LEVELS,
+    cross_clip_lower_bound,
+    validate_loss_params,
+)
+
 ALGORITHMS = ("hacpo", "gspo", "grpo", "naive")
 """Policy-loss families; each is also the name of a registered policy loss."""
 
@@ -28,11 +37,7 @@ PRESETS = (
 
 CAPABILITY_METRICS = ("positive_rate", "mean_reward")
 ADVANTAGE_SCOPES = ("joint", "own")
-LOG_RATIO_CLIP_MODES = ("symmetric", "upper")
-CROSS_CLIP_MODES = ("clamp", "pessimistic")
-RATIO_LEVELS = ("sequence", "token")
 GSPO_FORMS = ("sequence", "token")
-LOSS_AGGREGATIONS = ("seq-mean-token-mean", "token-mean")
 
 
 def _fail(owner: str, name: str, rule: str, value: Any) -> None:
@@ -222,43 +227,24 @@ class PolicyLossConfig:
 
     def validate(self) -> None:
         owner = type(self).__name__
-        for name in ("eps_low", "eps_high", "delta", "delta_step", "alpha", "kl_coef"):
-            value = getattr(self, name)
-            _check_real(owner, name, value)
-            if value < 0:
-                _fail(owner, name, ">= 0", value)
-        if self.eps_low >= 1:
-            _fail(owner, "eps_low", "< 1", self.eps_low)
-        if self.delta > 1:
-            _fail(owner, "delta", "<= 1", self.delta)
-        _check_real(owner, "cross_clip_high", self.cross_clip_high)
-        if not self.cross_clip_high >= 1.0:
-            _fail(owner, "cross_clip_high", ">= 1", self.cross_clip_high)
+        # the loss hyperparameters follow the kernel's one set of rules
+        validate_loss_params(owner, eps_low=self.eps_low, eps_high=self.eps_high, delta=self.delta,
+                             delta_step=self.delta_step, alpha=self.alpha, cross_clip_high=self.cross_clip_high,
+                             cross_clip_mode=self.cross_clip_mode, cross_clip_dual=self.cross_clip_dual,
+                             log_ratio_clip=self.log_ratio_clip, log_ratio_clip_mode=self.log_ratio_clip_mode,
+                             ratio_level=self.ratio_level, loss_agg=self.loss_agg, kl_coef=self.kl_coef)
         for name in ("stepwise", "cross_clip", "capability_coef"):
             _check_bool(owner, name, getattr(self, name))
-        if self.log_ratio_clip is not None:
-            _check_real(owner, "log_ratio_clip", self.log_ratio_clip)
-            if self.log_ratio_clip <= 0:
-                _fail(owner, "log_ratio_clip", "> 0 or None", self.log_ratio_clip)
-        _check_choice(owner, "log_ratio_clip_mode", self.log_ratio_clip_mode, LOG_RATIO_CLIP_MODES)
-        _check_choice(owner, "cross_clip_mode", self.cross_clip_mode, CROSS_CLIP_MODES)
-        _check_real(owner, "cross_clip_dual", self.cross_clip_dual)
-        if not self.cross_clip_dual >= self.cross_clip_high:
-            _fail(owner, "cross_clip_dual", f">= cross_clip_high ({self.cross_clip_high})", self.cross_clip_dual)
-        _check_choice(owner, "ratio_level", self.ratio_level, RATIO_LEVELS)
         _check_choice(owner, "gspo_form", self.gspo_form, GSPO_FORMS)
-        _check_choice(owner, "loss_agg", self.loss_agg, LOSS_AGGREGATIONS)
 
     def cross_lower_bound(self, update_index: int) -> float:
         """Lower clip bound for foreign rows at optimizer update m (eq. 14): min(1, 1 − δ + m·δ_step).
 
         With ``stepwise=False`` the bound is the fixed 1 − δ of eq. 13.
         """
-        if isinstance(update_index, bool) or not isinstance(update_index, int) or update_index < 0:
+        if not isinstance(update_index, int):
             raise ValueError(f"update_index must be an int >= 0, got {update_index!r}")
-        if not self.stepwise:
-            return 1.0 - self.delta
-        return min(1.0, 1.0 - self.delta + update_index * self.delta_step)
+        return cross_clip_lower_bound(self.delta, self.delta_step, update_index, self.stepwise)
 
     @classmethod
     def for_algorithm(cls, name: str, **overrides: Any) -> "PolicyLossConfig":

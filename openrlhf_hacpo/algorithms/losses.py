@@ -17,16 +17,23 @@ Foreign rows have no min(): outside [lo_m, 1] the clamp passes zero gradient wha
 is dropped from the update. The minimised loss is −(aggregate of the objectives) + kl_coef · KL, where KL is the
 low-variance (k3) estimate to the reference policy on own rows only.
 
+The math itself is written once, in :mod:`hacpo_kernels.hacpo_loss` (a Triton kernel for CUDA tensors and its
+plain-torch twin elsewhere, chosen by the kernel dispatcher: ``backend`` argument, ``--kernel_backend`` in the
+trainer, or the ``HACPO_KERNEL_BACKEND`` environment variable). This module validates the input, maps each
+registered name to the kernel's switches and turns the kernel's metrics into floats.
+
 Registered names: ``grpo`` (token ratios, own rows), ``gspo`` (own rows), ``hacpo`` (own rows as GSPO, foreign
-rows as above) and ``naive`` (every row with the self-type GSPO clip, no coefficient).
+rows as above) and ``naive`` (every row with the self-type GSPO clip, no coefficient). ``gspo_form="token"``
+(GSPO-token) has the same value and gradient as the sequence form and runs the sequence kernel.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from hacpo_kernels import hacpo_loss as fused_policy_loss
 
 from .config import PolicyLossConfig
 
@@ -37,14 +44,7 @@ __all__ = [
     "POLICY_LOSSES",
     "register_policy_loss",
     "get_policy_loss",
-    "clamp_log_ratio",
-    "self_clip_objective",
-    "cross_objective",
-    "low_var_kl",
 ]
-
-KL_LOG_RATIO_LIMIT = 20.0
-"""The k3 KL clamps ref_logp − logp to ±20 before exponentiating, so fp32 never overflows."""
 
 
 @dataclass
@@ -92,7 +92,8 @@ class PolicyLossOutput:
     ratios: torch.Tensor | None = None
 
 
-PolicyLossFn = Callable[[PolicyLossInput, PolicyLossConfig], PolicyLossOutput]
+PolicyLossFn = Callable[..., PolicyLossOutput]
+"""``fn(inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto") -> PolicyLossOutput``."""
 POLICY_LOSSES: dict[str, PolicyLossFn] = {}
 
 
@@ -116,53 +117,6 @@ def get_policy_loss(name: str) -> PolicyLossFn:
         return POLICY_LOSSES[name]
     except KeyError:
         raise KeyError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}") from None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# pure formulas
-
-
-def clamp_log_ratio(log_ratio: torch.Tensor, clip: float | None, mode: str = "symmetric") -> torch.Tensor:
-    """Clamp a log importance ratio to [−clip, clip] (``symmetric``) or (−∞, clip] (``upper``); ``None``: as is."""
-    if clip is None:
-        return log_ratio
-    if mode == "symmetric":
-        return log_ratio.clamp(-clip, clip)
-    if mode == "upper":
-        return log_ratio.clamp(max=clip)
-    raise ValueError(f"log_ratio_clip_mode must be 'symmetric' or 'upper', got {mode!r}")
-
-
-def self_clip_objective(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float,
-                        eps_high: float) -> torch.Tensor:
-    """PPO-style pessimistic objective min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A) (eqs. 47–49)."""
-    return torch.minimum(ratio * advantages, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages)
-
-
-def cross_objective(ratio: torch.Tensor, advantages: torch.Tensor, coef: torch.Tensor | float, lower: float,
-                    alpha: float, clip: bool = True, upper: float = 1.0, mode: str = "clamp",
-                    dual: float = 3.0) -> torch.Tensor:
-    """Foreign-row objective c · sg(c)^α · ω^(j,k) · A with c = clamp(s, lower, upper) (eqs. 10–14, 50–52).
-
-    No min(): the gradient is sg(c)^α · ω · A · ∇s inside [lower, upper] and exactly zero outside (Prop. D.6).
-    ``upper`` is 1 in the paper (``PolicyLossConfig.cross_clip_high``); ``clip=False`` uses c = s (the "no Clip"
-    ablation). ``mode="pessimistic"`` (an extension) takes min(s·A, c·A) · sg(c)^α · ω instead, bounded below
-    by dual·A · sg(c)^α · ω for A < 0 (dual-clip PPO): positive A below the window and negative A in
-    (upper, dual] keep the gradient sg(c)^α · ω · A · ∇s.
-    """
-    c = ratio.clamp(lower, upper) if clip else ratio
-    weight = c.detach().pow(alpha) * coef
-    if mode == "pessimistic" and clip:
-        pessimistic = torch.minimum(ratio * advantages, c * advantages)
-        dual_bound = torch.where(advantages < 0, dual * advantages, torch.full_like(pessimistic, -math.inf))
-        return torch.maximum(pessimistic, dual_bound) * weight
-    return c * weight * advantages
-
-
-def low_var_kl(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """k3 estimate of KL(π_θ || π_ref) per token: exp(d) − d − 1 with d = ref_logp − logp (clamped to ±20)."""
-    d = (ref_logp - logp).clamp(-KL_LOG_RATIO_LIMIT, KL_LOG_RATIO_LIMIT)
-    return torch.exp(d) - d - 1.0
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -199,10 +153,8 @@ def _require_count(name: str, value, minimum: int) -> int:
 class _Batch:
     """Validated view of a :class:`PolicyLossInput` in the dtype of ``logp``."""
 
-    logp: torch.Tensor  # [B, T], masked positions set to 0
+    logp: torch.Tensor  # [B, T] as given (padding is never read)
     mask: torch.Tensor  # [B, T] bool
-    maskf: torch.Tensor  # [B, T] float
-    lengths: torch.Tensor  # [B] float
     advantages: torch.Tensor
     old_logp_mean: torch.Tensor
     is_own: torch.Tensor
@@ -254,10 +206,8 @@ def _prepare(inp: PolicyLossInput, name: str) -> _Batch:
             _require_finite(field, value, mask)
     own_tokens = int((lengths_int * is_own).sum())
     return _Batch(
-        logp=torch.where(mask, logp, torch.zeros_like(logp)),
+        logp=logp,
         mask=mask,
-        maskf=mask.to(dtype),
-        lengths=lengths_int.to(dtype),
         advantages=advantages,
         old_logp_mean=old_logp_mean,
         is_own=is_own,
@@ -273,39 +223,7 @@ def _prepare(inp: PolicyLossInput, name: str) -> _Batch:
 # shared body of the registered losses
 
 
-def _log_ratios(batch: _Batch, inp: PolicyLossInput, cfg: PolicyLossConfig, token_level: bool, name: str):
-    """Return (log_ratio, per_token, seq_log_ratio).
-
-    ``log_ratio`` is [B, T] when objectives are per token (token ratios or the GSPO-token form) and [B] otherwise;
-    ``seq_log_ratio`` is the clamped sequence log-ratio [B], or ``None`` for token ratios.
-    """
-    if token_level:
-        if inp.old_logp is None:
-            raise ValueError(
-                f"policy loss {name!r} with token-level ratios needs PolicyLossInput.old_logp [B, T] on the "
-                "learner's tokens; foreign rows only carry the source's sequence mean (use ratio_level='sequence')"
-            )
-        old = inp.old_logp.detach().to(device=batch.logp.device, dtype=batch.logp.dtype)
-        log_ratio = torch.where(batch.mask, batch.logp - old, torch.zeros_like(batch.logp))
-        return clamp_log_ratio(log_ratio, cfg.log_ratio_clip, cfg.log_ratio_clip_mode), True, None
-    seq = batch.logp.sum(dim=1) / batch.lengths - batch.old_logp_mean
-    if cfg.gspo_form == "token":
-        # GSPO-token: log s_t = sg[log s] + log π_t − sg[log π_t]; same value and gradient as the sequence form
-        log_ratio = seq.detach()[:, None] + batch.logp - batch.logp.detach()
-        log_ratio = clamp_log_ratio(log_ratio, cfg.log_ratio_clip, cfg.log_ratio_clip_mode)
-        per_token = True
-    else:
-        log_ratio = clamp_log_ratio(seq, cfg.log_ratio_clip, cfg.log_ratio_clip_mode)
-        per_token = False
-    return log_ratio, per_token, clamp_log_ratio(seq.detach(), cfg.log_ratio_clip, cfg.log_ratio_clip_mode)
-
-
-def _fraction(condition: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    total = weight.sum()
-    return (condition.to(weight.dtype) * weight).sum() / total.clamp(min=1)
-
-
-def _policy_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, name: str, *, token_level: bool,
+def _policy_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, name: str, backend: str, *, token_level: bool,
                  foreign: str) -> PolicyLossOutput:
     """Shared body; ``foreign`` is ``"reject"`` (own rows only), ``"self_clip"`` (Naive) or ``"cross"`` (HACPO)."""
     if not isinstance(cfg, PolicyLossConfig):
@@ -317,95 +235,43 @@ def _policy_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, name: str, *, toke
             f"policy loss {name!r} trains on the learner's own rollouts only, got {num_foreign} foreign rows "
             "(use 'hacpo' or 'naive' for shared rollouts)"
         )
-    lower = cfg.cross_lower_bound(inp.update_index)
-    log_ratio, per_token, seq_log_ratio = _log_ratios(batch, inp, cfg, token_level, name)
-    ratio = torch.exp(log_ratio)
-
-    def rows(x: torch.Tensor) -> torch.Tensor:
-        return x[:, None] if per_token else x
-
-    adv, own = rows(batch.advantages), rows(batch.is_own)
-    objective = self_clip_objective(ratio, adv, cfg.eps_low, cfg.eps_high)
-    if foreign == "cross" and num_foreign:
-        coef = rows(batch.coef) if cfg.capability_coef else 1.0
-        cross = cross_objective(ratio, adv, coef, lower, cfg.alpha, clip=cfg.cross_clip, upper=cfg.cross_clip_high,
-                                mode=cfg.cross_clip_mode, dual=cfg.cross_clip_dual)
-        objective = torch.where(own, objective, cross)
-
-    # aggregation (the denominators are the mini-batch totals when given)
-    if per_token:
-        token_objective = objective * batch.maskf
-        seq_objective = token_objective.sum(dim=1) / batch.lengths
-        token_sum = token_objective.sum()
-    else:
-        seq_objective = objective
-        token_sum = (objective * batch.lengths).sum()
-    if cfg.loss_agg == "seq-mean-token-mean":
-        pg_loss = -seq_objective.sum() / batch.num_seqs
-    else:
-        pg_loss = -token_sum / batch.num_tokens
-
-    kl = torch.zeros((), dtype=batch.logp.dtype, device=batch.logp.device)
+    if token_level and inp.old_logp is None:
+        raise ValueError(
+            f"policy loss {name!r} with token-level ratios needs PolicyLossInput.old_logp [B, T] on the "
+            "learner's tokens; foreign rows only carry the source's sequence mean (use ratio_level='sequence')"
+        )
     if cfg.kl_coef > 0 and inp.ref_logp is None:
         raise ValueError(f"policy loss {name!r}: kl_coef = {cfg.kl_coef} > 0 needs PolicyLossInput.ref_logp")
-    if inp.ref_logp is not None:
-        ref = inp.ref_logp.detach().to(device=batch.logp.device, dtype=batch.logp.dtype)
-        own_tokens = batch.maskf * batch.is_own[:, None].to(batch.maskf.dtype)
-        kl_tokens = low_var_kl(batch.logp, torch.where(batch.mask, ref, batch.logp.detach())) * own_tokens
-        if cfg.loss_agg == "seq-mean-token-mean":
-            kl = (kl_tokens.sum(dim=1) / batch.lengths).sum() / max(batch.num_own_seqs, 1)
-        else:
-            kl = kl_tokens.sum() / max(batch.num_own_tokens, 1)
-    loss = pg_loss + cfg.kl_coef * kl
+    lower = cfg.cross_lower_bound(inp.update_index)
+    device, dtype = batch.logp.device, batch.logp.dtype
 
-    seq_ratios = None if token_level else (torch.exp(seq_log_ratio) if per_token else ratio.detach())
-    metrics = _metrics(batch, ratio.detach() if token_level else seq_ratios, token_level, foreign, cfg, lower,
-                       seq_objective.detach(), pg_loss.detach(), kl.detach(), loss.detach())
-    return PolicyLossOutput(loss=loss, objectives=seq_objective.detach(), metrics=metrics, ratios=seq_ratios)
+    def aligned(x: torch.Tensor | None) -> torch.Tensor | None:
+        return None if x is None else x.detach().to(device=device, dtype=dtype)
 
-
-def _metrics(batch: _Batch, values: torch.Tensor, token_level: bool, foreign: str, cfg: PolicyLossConfig,
-             lower: float, seq_objective: torch.Tensor, pg_loss: torch.Tensor, kl: torch.Tensor,
-             loss: torch.Tensor) -> dict[str, float]:
-    """Clip fractions and ratio means of the detached ratios ``values``: [B, T] token ratios (token level, over
-    tokens) or [B] sequence ratios (over rows)."""
-    if token_level:
-        own_w = batch.maskf * batch.is_own[:, None].to(batch.maskf.dtype)
-        foreign_w = batch.maskf - own_w
-    else:
-        own_w = batch.is_own.to(batch.maskf.dtype)
-        foreign_w = 1.0 - own_w
-    if foreign == "cross":
-        f_low, f_high = lower, cfg.cross_clip_high
-    else:
-        f_low, f_high = 1.0 - cfg.eps_low, 1.0 + cfg.eps_high
-    below, above = values < f_low, values > f_high
-    positive = batch.advantages[:, None] > 0 if token_level else batch.advantages > 0
-    foreign_pos_w = foreign_w * positive.to(foreign_w.dtype)
-    stats = torch.stack([
-        loss, pg_loss, kl, seq_objective.mean(),
-        (values * own_w).sum() / own_w.sum().clamp(min=1),
-        _fraction(values < 1.0 - cfg.eps_low, own_w),
-        _fraction(values > 1.0 + cfg.eps_high, own_w),
-        (values * foreign_w).sum() / foreign_w.sum().clamp(min=1),
-        _fraction(below, foreign_w),
-        _fraction(above, foreign_w),
-        _fraction(~below & ~above, foreign_w),
-        _fraction(below, foreign_pos_w),
-        _fraction(above, foreign_pos_w),
-        _fraction(~below & ~above, foreign_pos_w),
-    ]).tolist()
-    keys = ("loss", "pg_loss", "kl", "objective_mean", "own_ratio_mean", "own_clip_frac_lower",
-            "own_clip_frac_upper", "foreign_ratio_mean", "foreign_clip_frac_lower", "foreign_clip_frac_upper",
-            "foreign_in_window_frac", "foreign_pos_clip_frac_lower", "foreign_pos_clip_frac_upper",
-            "foreign_pos_in_window_frac")
-    metrics = dict(zip(keys, (float(v) for v in stats)))
-    num_own = int(batch.is_own.sum())
-    metrics["num_own"] = float(num_own)
-    metrics["num_foreign"] = float(batch.is_own.numel() - num_own)
+    coef = batch.coef if (foreign == "cross" and cfg.capability_coef) else torch.ones_like(batch.coef)
+    out = fused_policy_loss(
+        inp.logp, batch.mask, batch.advantages, batch.old_logp_mean, batch.is_own, coef,
+        update_index=inp.update_index, eps_low=cfg.eps_low, eps_high=cfg.eps_high, delta=cfg.delta,
+        delta_step=cfg.delta_step, alpha=cfg.alpha, stepwise=cfg.stepwise, cross_clip=cfg.cross_clip,
+        cross_clip_high=cfg.cross_clip_high, cross_clip_mode=cfg.cross_clip_mode, cross_clip_dual=cfg.cross_clip_dual,
+        foreign_rule="self_clip" if foreign == "self_clip" else "cross",
+        log_ratio_clip=cfg.log_ratio_clip, log_ratio_clip_mode=cfg.log_ratio_clip_mode,
+        ratio_level="token" if token_level else "sequence",
+        old_logp=aligned(inp.old_logp) if token_level else None,
+        kl_coef=cfg.kl_coef, ref_logp=aligned(inp.ref_logp), loss_agg=cfg.loss_agg,
+        num_seqs=batch.num_seqs, num_tokens=batch.num_tokens,
+        num_own_seqs=max(batch.num_own_seqs, 1), num_own_tokens=max(batch.num_own_tokens, 1),
+        backend=backend,
+    )
+    names = list(out.metrics)
+    dtype = out.loss.dtype
+    values = torch.stack([out.loss.detach(), out.objectives.mean()]
+                         + [out.metrics[k].to(dtype) for k in names]).tolist()  # one device sync
+    metrics = {"loss": values[0], "objective_mean": values[1]}
+    metrics.update(zip(names, values[2:]))
     metrics["num_foreign_pos"] = float((~batch.is_own & (batch.advantages > 0)).sum())
     metrics["cross_lower_bound"] = float(lower)
-    return metrics
+    return PolicyLossOutput(loss=out.loss, objectives=out.objectives, metrics=metrics, ratios=out.ratios)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -413,33 +279,33 @@ def _metrics(batch: _Batch, values: torch.Tensor, token_level: bool, foreign: st
 
 
 @register_policy_loss("grpo")
-def grpo_loss(inp: PolicyLossInput, cfg: PolicyLossConfig) -> PolicyLossOutput:
+def grpo_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto") -> PolicyLossOutput:
     """GRPO (own rows): token ratios w_t = exp(log π_t − log π_old,t) with min(w·A, clip(w)·A) per token.
 
     Always token-level (``ratio_level`` is ignored); use ``PolicyLossConfig.for_algorithm("grpo")`` for the
     clip-higher range ε_low = 0.2, ε_high = 0.28.
     """
-    return _policy_loss(inp, cfg, "grpo", token_level=True, foreign="reject")
+    return _policy_loss(inp, cfg, "grpo", backend, token_level=True, foreign="reject")
 
 
 @register_policy_loss("gspo")
-def gspo_loss(inp: PolicyLossInput, cfg: PolicyLossConfig) -> PolicyLossOutput:
+def gspo_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto") -> PolicyLossOutput:
     """GSPO (own rows): sequence ratio s with min(s·A, clip(s, 1 − ε_low, 1 + ε_high)·A) (eqs. 25, 47–49)."""
-    return _policy_loss(inp, cfg, "gspo", token_level=cfg.ratio_level == "token", foreign="reject")
+    return _policy_loss(inp, cfg, "gspo", backend, token_level=cfg.ratio_level == "token", foreign="reject")
 
 
 @register_policy_loss("hacpo")
-def hacpo_loss(inp: PolicyLossInput, cfg: PolicyLossConfig) -> PolicyLossOutput:
+def hacpo_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto") -> PolicyLossOutput:
     """HACPO: own rows as GSPO; foreign rows c·sg(c)^α·ω^(j,k)·A, c = clamp(s, lo_m, 1), no min() (eq. 53).
 
     Switches: ``cross_clip`` (c = s when off), ``cross_clip_high`` (upper end of the window, 1 by default),
     ``stepwise`` (lo fixed at 1 − δ when off), ``capability_coef``
     (ω^(j,k) = 1 when off), ``alpha`` (0 disables the exponential weight).
     """
-    return _policy_loss(inp, cfg, "hacpo", token_level=cfg.ratio_level == "token", foreign="cross")
+    return _policy_loss(inp, cfg, "hacpo", backend, token_level=cfg.ratio_level == "token", foreign="cross")
 
 
 @register_policy_loss("naive")
-def naive_loss(inp: PolicyLossInput, cfg: PolicyLossConfig) -> PolicyLossOutput:
+def naive_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto") -> PolicyLossOutput:
     """Naive sharing: every row, own or foreign, uses the self-type GSPO objective; ``coef`` is ignored."""
-    return _policy_loss(inp, cfg, "naive", token_level=cfg.ratio_level == "token", foreign="self_clip")
+    return _policy_loss(inp, cfg, "naive", backend, token_level=cfg.ratio_level == "token", foreign="self_clip")

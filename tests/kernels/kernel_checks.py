@@ -11,8 +11,10 @@ import torch
 from hacpo_kernels.dispatch import interpreter_active
 from hacpo_kernels.logprobs import _logprobs_fwd_kernel
 
-SEED = int(os.environ.get("KERNEL_TEST_SEED", str(int(time.time()) % 100_000)))
-"""Fresh inputs every run; rerun a failure with KERNEL_TEST_SEED=<seed from the report header>."""
+_SEED_ENV = os.environ.get("KERNEL_TEST_SEED", "20261130")
+SEED = int(time.time()) % 100_000 if _SEED_ENV == "random" else int(_SEED_ENV)
+"""Fixed by default, so a run is repeatable; ``KERNEL_TEST_SEED=random`` draws fresh inputs (the seed is printed in
+the report header and in every assertion message), ``KERNEL_TEST_SEED=<n>`` reruns one."""
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -99,7 +101,7 @@ def assert_sum_close(out: torch.Tensor, ref: torch.Tensor, scale: float, tol: fl
     A relative error against the sum itself is meaningless when the terms cancel.
     """
     assert_finite(out, name)
-    out, ref = float(torch.as_tensor(out).detach()), float(torch.as_tensor(ref).detach())
+    out, ref = float(torch.as_tensor(out, dtype=torch.float64).detach()), float(torch.as_tensor(ref, dtype=torch.float64).detach())
     diff = abs(out - ref)
     if not diff <= tol * scale:
         raise AssertionError(f"{name}: |{out:.8g} - {ref:.8g}| = {diff:.3e} > {tol:.1e} * "

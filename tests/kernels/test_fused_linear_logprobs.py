@@ -130,3 +130,34 @@ def test_large_shape_cuda_memory_and_accuracy():
     assert outs["triton"][4] < 0.25 * full_logits_bytes
     for i, name in enumerate(("logp", "entropy", "d hidden", "d weight")):
         assert_rel_close(outs["triton"][i], outs["torch"][i], 2e-2, f"{name} triton vs twin (large)")
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_bias_matches_float64_reference(backend, dtype):
+    """An LM head with a bias: logits = hidden @ weight.T + bias; the bias gets the summed d logits."""
+    skip_unless_runnable(backend, "cpu")
+    hidden, weight, labels = make_inputs("cpu", dtype)
+    bias = (torch.randn(V) * 0.5).to(dtype)
+    g_logp = torch.randn(N, dtype=torch.float64)
+    g_ent = torch.randn(N, dtype=torch.float64)
+    h64 = hidden.detach().double().requires_grad_()
+    w64 = weight.detach().double().requires_grad_()
+    b64 = bias.detach().double().requires_grad_()
+    lp = torch.log_softmax((h64 @ w64.t() + b64) / 0.8, dim=-1)
+    ent = -(lp.exp() * lp).sum(dim=-1)
+    valid = labels != IGNORE
+    ref_logp = torch.where(valid, lp.gather(1, labels.clamp(min=0).unsqueeze(1)).squeeze(1), torch.zeros_like(ent))
+    ref_dh, ref_dw, ref_db = torch.autograd.grad((ref_logp * g_logp).sum() + (ent * g_ent).sum(), (h64, w64, b64))
+
+    h, w, b = (x.detach().requires_grad_() for x in (hidden, weight, bias))
+    logp, entropy = fused_linear_logprobs(h, w, labels, 0.8, return_entropy=True, backend=backend, bias=b,
+                                          chunk_size=16, vocab_chunk_size=300)
+    ((logp.double() * g_logp).sum() + (entropy.double() * g_ent).sum()).backward()
+    tag = f"[{backend},{dtype}]"
+    assert_rel_close(logp, ref_logp.detach(), TOL[dtype], f"logp {tag}")
+    assert_rel_close(entropy, ent.detach(), TOL[dtype], f"entropy {tag}")
+    assert_rel_close(h.grad, ref_dh, GRAD_TOL[dtype], f"d hidden {tag}")
+    assert_rel_close(w.grad, ref_dw, GRAD_TOL[dtype], f"d weight {tag}")
+    assert b.grad.dtype == dtype
+    assert_rel_close(b.grad, ref_db, GRAD_TOL[dtype], f"d bias {tag}")

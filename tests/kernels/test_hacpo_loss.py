@@ -24,7 +24,7 @@ def golden_call(case, backend, dtype, device="cpu"):
     i, e = case["inputs"], case["expected"]
     logp = torch.tensor(i["logp_new"], dtype=dtype, device=device, requires_grad=True)
     with poisoned_allocations():
-        loss, obj, metrics = hacpo_loss(
+        loss, obj, _, metrics = hacpo_loss(
             logp,
             torch.tensor(i["mask_new"], device=device),
             torch.tensor(e["advantages"], dtype=dtype, device=device),
@@ -112,7 +112,7 @@ def call(batch, backend, dtype, mask_dtype=torch.bool, **kw):
     logp = batch["logp"].to(dtype).detach().requires_grad_()
     token_level = kw.get("ratio_level") == "token"
     with poisoned_allocations():
-        loss, obj, metrics = hacpo_loss(
+        loss, obj, _, metrics = hacpo_loss(
             logp, batch["mask"].to(mask_dtype), batch["advantages"].to(dtype),
             None if token_level else batch["old_logp_mean"].to(dtype), batch["is_own"], batch["coef"].to(dtype),
             old_logp=batch["old_logp"].to(dtype) if token_level else None, backend=backend, **kw,
@@ -179,7 +179,7 @@ def test_metrics_count_what_they_say():
     for backend in ("torch", "triton") if TRITON_ON_CPU else ("torch",):
         dtype = torch.float64 if backend == "torch" else torch.float32
         lp = logp.detach().to(dtype).requires_grad_()
-        loss, obj, m = hacpo_loss(lp, mask, adv.to(dtype), torch.zeros(6, dtype=dtype), is_own, coef.to(dtype),
+        loss, obj, _, m = hacpo_loss(lp, mask, adv.to(dtype), torch.zeros(6, dtype=dtype), is_own, coef.to(dtype),
                                   update_index=0, alpha=1.0, backend=backend)
         loss.backward()
         assert float(m["own_clip_frac_lower"]) == pytest.approx(1 / 3)
@@ -246,53 +246,64 @@ def test_bad_inputs_raise_clear_errors():
 
 
 # --------------------------------------------------------------------------------------------------------------
-# parity with the pure-torch algorithm core (the project's reference implementation of the loss)
+# every loss variant the trainer accepts against the independent float64 reference (python loops, no autograd)
 # --------------------------------------------------------------------------------------------------------------
-PARITY = [
-    dict(),
-    dict(log_ratio_clip=0.05, log_ratio_clip_mode="upper", update_index=2),
-    dict(cross_clip=False, alpha=0.5),
-    dict(cross_clip_high=1.2, update_index=1),
-    dict(cross_clip_mode="pessimistic", alpha=2.0, cross_clip_dual=1.15),
-    dict(cross_clip_mode="pessimistic", ratio_level="token", loss_agg="token-mean"),
-    dict(ratio_level="token", cross_clip_high=1.15),
-    dict(stepwise=False, update_index=4),
-    dict(loss_agg="token-mean"),
-    dict(ratio_level="token", eps_low=0.2, eps_high=0.28),
-    dict(ratio_level="token", loss_agg="token-mean", alpha=2.0),
-]
+REFERENCE_CASES = {
+    "hacpo": dict(),
+    "hacpo_upper_clip": dict(log_ratio_clip=0.05, log_ratio_clip_mode="upper", update_index=2),
+    "hacpo_no_clip": dict(cross_clip=False, alpha=0.5),
+    "hacpo_window_above_one": dict(cross_clip_high=1.2, update_index=1),
+    "hacpo_pessimistic": dict(cross_clip_mode="pessimistic", alpha=2.0, cross_clip_dual=1.15),
+    "hacpo_pessimistic_token": dict(cross_clip_mode="pessimistic", ratio_level="token", loss_agg="token-mean"),
+    "hacpo_token": dict(ratio_level="token", cross_clip_high=1.15),
+    "hacpo_not_stepwise": dict(stepwise=False, update_index=4),
+    "hacpo_token_mean": dict(loss_agg="token-mean", num_tokens=300),
+    "hacpo_kl": dict(kl_coef=0.3, num_seqs=40, num_own_seqs=19),
+    "hacpo_kl_token_mean": dict(kl_coef=0.5, loss_agg="token-mean"),
+    "hacpo_token_kl": dict(ratio_level="token", kl_coef=0.2, eps_low=0.2, eps_high=0.28),
+    "naive": dict(foreign_rule="self_clip"),
+    "naive_kl_token_mean": dict(foreign_rule="self_clip", kl_coef=0.1, loss_agg="token-mean", num_own_tokens=90),
+    "gspo_own_only": dict(own_only=True, kl_coef=0.001),
+    "grpo_own_only": dict(own_only=True, ratio_level="token", eps_low=0.2, eps_high=0.28, kl_coef=0.04),
+}
 
 
-@pytest.mark.parametrize("kw", PARITY, ids=[str(i) for i in range(len(PARITY))])
-def test_matches_algorithm_core(kw):
-    losses = pytest.importorskip("openrlhf_hacpo.algorithms.losses")
-    config = pytest.importorskip("openrlhf_hacpo.algorithms.config")
-    batch = random_batch("cpu", b=16, t=11)
-    batch["logp"] = torch.where(batch["mask"], batch["logp"], torch.zeros_like(batch["logp"]))
-    update_index = kw.get("update_index", 0)
-    cfg_fields = {k: v for k, v in kw.items() if k != "update_index"}
-    cfg = config.PolicyLossConfig(kl_coef=0.0, **cfg_fields)
+def _reference_of(batch, kw):
+    import hacpo_reference as ref  # tests/hacpo_reference.py (tests/ is on sys.path through tests/conftest.py)
+
+    mask = batch["mask"].tolist()
     token_level = kw.get("ratio_level") == "token"
-    core_logp = batch["logp"].clone().requires_grad_()
-    out = losses.get_policy_loss("hacpo")(
-        losses.PolicyLossInput(
-            logp=core_logp, mask=batch["mask"], advantages=batch["advantages"], old_logp_mean=batch["old_logp_mean"],
-            is_own=batch["is_own"], coef=batch["coef"], update_index=update_index,
-            old_logp=batch["old_logp"] if token_level else None,
-        ),
-        cfg,
-    )
-    out.loss.backward()
-    kernel_kw = {k: v for k, v in kw.items() if k not in ("ratio_level", "loss_agg")}
-    for backend, dtype, tol in (("torch", torch.float64, 1e-12), ("triton", torch.float32, 1e-5)):
+    names = {"update_index": "m"}
+    skip = {"ratio_level", "own_only"}
+    args = {names.get(k, k): v for k, v in kw.items() if k not in skip}
+    logp = torch.where(batch["mask"], batch["logp"], torch.zeros_like(batch["logp"]))
+    return ref.reference_policy_loss(
+        logp.tolist(), mask, batch["advantages"].tolist(), batch["old_logp_mean"].tolist(), batch["is_own"].tolist(),
+        batch["coef"].tolist(), token_level=token_level, old_logp=batch["old_logp"].tolist(),
+        ref_logp=batch["ref_logp"].tolist() if kw.get("kl_coef") else None, **args)
+
+
+@pytest.mark.parametrize("case", list(REFERENCE_CASES))
+def test_matches_float64_reference(case):
+    kw = dict(REFERENCE_CASES[case])
+    batch = random_batch("cpu", b=16, t=11, own_frac=1.0 if kw.get("own_only") else 0.5)
+    batch["ref_logp"] = batch["logp"].nan_to_num(0.0) + torch.randn(16, 11, dtype=torch.float64) * 0.4
+    ref_loss, ref_obj, ref_grad, ref_kl = _reference_of(batch, kw)
+    ref_grad = torch.tensor(ref_grad, dtype=torch.float64)
+    call_kw = {k: v for k, v in kw.items() if k != "own_only"}
+    token_level = call_kw.get("ratio_level") == "token"
+    for backend, dtype, tol in (("torch", torch.float64, 1e-10), ("triton", torch.float32, 1e-5)):
         if backend == "triton" and not TRITON_ON_CPU:
             continue
-        loss, obj, grad, metrics = call(batch, backend, dtype, ratio_level=kw.get("ratio_level", "sequence"),
-                                        loss_agg=kw.get("loss_agg", "seq-mean-token-mean"), **kernel_kw)
-        tag = f"[{backend}, {kw}]"
-        assert_sum_close(loss, out.loss.detach(), float(out.objectives.abs().mean()), tol, f"loss vs core {tag}")
-        assert_rel_close(obj, out.objectives, tol, f"objectives vs core {tag}")
-        assert_rel_close(grad, core_logp.grad, tol, f"grad vs core {tag}")
-        for name in METRIC_NAMES:
-            if name in out.metrics:
-                assert float(metrics[name]) == pytest.approx(out.metrics[name], rel=1e-5, abs=1e-6), f"{name} {tag}"
+        logp = batch["logp"].to(dtype).detach().requires_grad_()
+        out = hacpo_loss(
+            logp, batch["mask"], batch["advantages"].to(dtype), None if token_level else batch["old_logp_mean"].to(dtype),
+            batch["is_own"], batch["coef"].to(dtype), old_logp=batch["old_logp"].to(dtype) if token_level else None,
+            ref_logp=batch["ref_logp"].to(dtype) if kw.get("kl_coef") else None, backend=backend, **call_kw)
+        out.loss.backward()
+        tag = f"[{case}, {backend}]"
+        assert_sum_close(out.loss, ref_loss, float(torch.tensor(ref_obj).abs().mean()), tol, f"loss {tag}")
+        assert_rel_close(out.objectives, torch.tensor(ref_obj, dtype=torch.float64), tol, f"objectives {tag}")
+        assert_rel_close(logp.grad, ref_grad, tol, f"grad {tag}")
+        if kw.get("kl_coef"):
+            assert float(out.metrics["kl"]) == pytest.approx(ref_kl, rel=tol * 10, abs=1e-12), tag
