@@ -6,12 +6,14 @@ the automatic choice). This package imports nothing from ``openrlhf_hacpo``.
 The folder is ``kernels/`` but the package installs as ``hacpo_kernels`` (``package_dir`` in ``setup.py``), so the
 Hugging Face ``kernels`` package (which transformers probes for) and this one coexist. When the repository root is
 on ``sys.path`` (running from a checkout), ``import kernels`` would find this folder first; in that case the import
-is handed over to the installed package of that name, or fails with a message naming ``hacpo_kernels``.
+is handed over to the installed package of that name, or, when there is none, yields an empty module whose
+attributes raise an error naming ``hacpo_kernels``.
 """
 if __name__ == "kernels":  # found through the repository root on sys.path, not as hacpo_kernels
     from ._shadow import hand_over as _hand_over
 
-    _hand_over(__file__)
+    _hand_over(__file__, globals())
+    del _hand_over
 else:
     from ._utils import HAS_TRITON
     from .dispatch import resolve_backend

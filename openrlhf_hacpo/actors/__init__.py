@@ -11,7 +11,6 @@ _LAZY = {
     "load_tokenizer": "openrlhf_hacpo.actors.policy",
     "ReferenceWorker": "openrlhf_hacpo.actors.reference",
     "ReferenceActor": "openrlhf_hacpo.actors.reference",
-    "response_logprobs": "openrlhf_hacpo.actors.reference",
 }
 
 __all__ = ["AgentGroup", "AgentWorkerDied", "Pending", *_LAZY]

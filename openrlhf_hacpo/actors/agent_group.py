@@ -114,7 +114,9 @@ class AgentGroup:
             self.reference = ReferenceWorker(self.agent.pretrain, bf16=self.agent.bf16,
                                              attn_implementation=self.agent.attn_implementation,
                                              pad_token_id=policy.pad_token_id,
-                                             micro_batch_size=self.cfg.micro_train_batch_size)
+                                             micro_batch_size=self.cfg.micro_train_batch_size,
+                                             logprob_path=self.cfg.logprob_path,
+                                             kernel_backend=self.cfg.kernel_backend)
             self.reference.setup()
             policy.set_reference(self.reference)
         return Pending(self, "policy", [info], lambda infos: infos, remote=False)
@@ -152,7 +154,8 @@ class AgentGroup:
         if self.needs_reference:
             self.reference = ReferenceActor.options(**ref_options).remote(
                 self.agent.pretrain, bf16=self.agent.bf16, attn_implementation=self.agent.attn_implementation,
-                pad_token_id=0, micro_batch_size=self.cfg.micro_train_batch_size)
+                pad_token_id=0, micro_batch_size=self.cfg.micro_train_batch_size,
+                logprob_path=self.cfg.logprob_path, kernel_backend=self.cfg.kernel_backend)
             refs.append(self.reference.setup.remote())
         if self.cfg.rollout_backend == "vllm":
             self._create_engines()

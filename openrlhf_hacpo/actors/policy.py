@@ -32,10 +32,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from openrlhf_hacpo.actors.reference import response_logprobs, score_rows
 from openrlhf_hacpo.algorithms import compute_advantages, get_policy_loss
 from openrlhf_hacpo.algorithms.losses import PolicyLossInput
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig, derive_seed
+from openrlhf_hacpo.models import response_logprobs, score_rows
 from openrlhf_hacpo.rollout import (
     LearnerBatch,
     LearnerViewConfig,
@@ -398,7 +398,8 @@ class PolicyWorker:
         self.engine.eval()
         try:
             logps = score_rows(self.engine, rows_prompt, rows_response, self.pad_token_id, self.cfg.temperature,
-                               self.cfg.micro_train_batch_size, self.device)
+                               self.cfg.micro_train_batch_size, self.device, path=self.cfg.logprob_path,
+                               backend=self.cfg.kernel_backend)
         finally:
             self.engine.train()
         trajs = []
@@ -580,7 +581,9 @@ class PolicyWorker:
         cfg = self.cfg
         loss_cfg = cfg.algo.loss
         padded = micro.to_padded(self.pad_token_id, device=self.device)
-        logp = response_logprobs(self.engine, padded, cfg.temperature)
+        scored = response_logprobs(self.engine, padded, cfg.temperature, with_entropy=True, path=cfg.logprob_path,
+                                   backend=cfg.kernel_backend)
+        logp = scored.logp
         mask = padded["response_mask"]
         if bool(torch.isfinite(logp.detach()[mask > 0]).all()):
             ref = None
@@ -595,13 +598,15 @@ class PolicyWorker:
                 logp=logp, mask=mask, advantages=padded["advantages"], old_logp_mean=padded["old_logp_mean"],
                 is_own=padded["is_own"], coef=padded["coef"], update_index=m,
                 old_logp=padded["old_logp"] if token_level else None, ref_logp=ref, **totals,
-            ), loss_cfg)
+            ), loss_cfg, backend=cfg.kernel_backend)
+            # mean entropy of the next-token distribution over this micro-batch's response tokens
+            out.metrics["entropy"] = float((scored.entropy * mask).sum() / mask.sum().clamp(min=1))
             loss = out.loss * float("nan") if (step, m) in self._nonfinite_injections else out.loss
             if bool(torch.isfinite(loss.detach())):
                 return loss, out
-            # zero gradient through the same graph keeps DeepSpeed's accumulation bookkeeping intact
-            return (logp * 0.0).sum(), None
-        return sum(p.sum() * 0.0 for p in self.engine.parameters() if p.requires_grad), None
+        # a zero loss built from the forward outputs: every rank runs backward through the same graph (ZeRO-3's
+        # gather/reduce hooks stay in step) and no gradient reaches the parameters
+        return (torch.nan_to_num(logp, nan=0.0, posinf=0.0, neginf=0.0) * 0.0).sum(), None
 
     def _any_rank(self, flag: bool) -> bool:
         """True on every rank of this agent when ``flag`` is True on any (all ranks skip an update together)."""

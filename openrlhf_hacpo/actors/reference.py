@@ -1,8 +1,6 @@
 """The frozen reference policy of one agent (its initial weights), for the KL term on own rows (spec §3.e).
 
-:func:`response_logprobs` is the one place where a causal LM's log-probs of response tokens are computed; the policy
-worker uses it too. Logits stay in the model's dtype: only the response positions are selected, and
-``kernels.logprobs_from_logits`` computes the temperature-scaled log-softmax without an fp32 copy of them.
+Log-probs come from :func:`openrlhf_hacpo.models.score_rows` (the fused LM-head path by default).
 """
 from __future__ import annotations
 
@@ -10,62 +8,9 @@ from typing import Any, Sequence
 
 import torch
 
-from hacpo_kernels import logprobs_from_logits
-from openrlhf_hacpo.rollout import LearnerBatch, LearnerRow
+from openrlhf_hacpo.models import score_rows
 
-__all__ = ["ReferenceWorker", "ReferenceActor", "response_logprobs", "rows_to_batch"]
-
-
-def response_logprobs(model: Any, padded: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
-    """log π(y_t | x, y_<t) at ``temperature`` for every response token of a padded batch, [B, R] (0 on padding).
-
-    ``padded`` is :meth:`LearnerBatch.to_padded` output: left-padded prompts in columns [0, P), right-padded
-    responses in [P, P+R), explicit position ids. Gradients flow when called with grad enabled.
-    """
-    response_ids = padded["response_ids"]
-    mask = padded["response_mask"] > 0
-    num_resp = response_ids.shape[1]
-    out = model(
-        input_ids=padded["input_ids"],
-        attention_mask=padded["attention_mask"],
-        position_ids=padded["position_ids"],
-        use_cache=False,
-        logits_to_keep=num_resp + 1,
-    )
-    logits = out.logits[:, :-1]  # position P-1+t predicts response token t
-    logp, _ = logprobs_from_logits(logits[mask], response_ids[mask], temperature=temperature)
-    return torch.zeros(mask.shape, dtype=logp.dtype, device=logp.device).masked_scatter(mask, logp)
-
-
-def rows_to_batch(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]) -> LearnerBatch:
-    """Wrap (prompt ids, response ids) pairs as a :class:`LearnerBatch`, to pack them with ``to_padded``."""
-    if len(prompt_ids) != len(response_ids):
-        raise ValueError(f"{len(prompt_ids)} prompts for {len(response_ids)} responses")
-    rows = [
-        LearnerRow(prompt_id=str(i), prompt_ids=list(p), response_ids=list(r), is_own=True, source=0, reward=0.0,
-                   old_logp_mean=0.0, old_logp=None)
-        for i, (p, r) in enumerate(zip(prompt_ids, response_ids))
-    ]
-    for i, row in enumerate(rows):
-        if not row.prompt_ids or not row.response_ids:
-            raise ValueError(f"row {i} has an empty prompt or response")
-    return LearnerBatch(learner=0, rows=rows)
-
-
-@torch.no_grad()
-def score_rows(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
-               pad_id: int, temperature: float, micro_batch_size: int, device: Any) -> list[list[float]]:
-    """Per-token log-probs of each response given its prompt, in micro-batches without gradient."""
-    if not prompt_ids:
-        return []
-    batch = rows_to_batch(prompt_ids, response_ids)
-    out: list[list[float]] = []
-    for micro in batch.micro_batches(micro_batch_size):
-        padded = micro.to_padded(pad_id, device=device)
-        logp = response_logprobs(model, padded, temperature).float().cpu()
-        for i, row in enumerate(micro.rows):
-            out.append(logp[i, : len(row.response_ids)].tolist())
-    return out
+__all__ = ["ReferenceWorker", "ReferenceActor"]
 
 
 class ReferenceWorker:
@@ -77,15 +22,19 @@ class ReferenceWorker:
         attn_implementation: passed to ``from_pretrained``.
         pad_token_id: id used for padding rows (any id works: padding is masked).
         micro_batch_size: rows per forward.
+        logprob_path / kernel_backend: see :func:`openrlhf_hacpo.models.response_logprobs`.
     """
 
     def __init__(self, pretrain: str, bf16: bool = False, attn_implementation: str = "sdpa",
-                 pad_token_id: int = 0, micro_batch_size: int = 8) -> None:
+                 pad_token_id: int = 0, micro_batch_size: int = 8, logprob_path: str = "fused",
+                 kernel_backend: str = "auto") -> None:
         self.pretrain = pretrain
         self.bf16 = bf16
         self.attn_implementation = attn_implementation
         self.pad_token_id = int(pad_token_id)
         self.micro_batch_size = int(micro_batch_size)
+        self.logprob_path = logprob_path
+        self.kernel_backend = kernel_backend
         self.model = None
 
     def setup(self) -> dict[str, Any]:
@@ -109,7 +58,7 @@ class ReferenceWorker:
         if self.model is None:
             raise RuntimeError("ReferenceWorker.setup() was not called")
         return score_rows(self.model, prompt_ids, response_ids, self.pad_token_id, temperature,
-                          self.micro_batch_size, self.device)
+                          self.micro_batch_size, self.device, path=self.logprob_path, backend=self.kernel_backend)
 
     def ping(self) -> bool:
         return True

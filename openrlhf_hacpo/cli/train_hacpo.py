@@ -27,6 +27,8 @@ from openrlhf_hacpo.trainer.config import (
     AGENT_FIELDS,
     DEVICES,
     EOS_POLICIES,
+    KERNEL_BACKENDS,
+    LOGPROB_PATHS,
     LR_SCHEDULERS,
     MINIBATCH_ORDERS,
     ROLLOUT_BACKENDS,
@@ -258,6 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gradient_checkpointing", action="store_true")
     g.add_argument("--attn_implementation", default=default("attn_implementation"),
                    help="sdpa | eager | flash_attention_2")
+    g.add_argument("--kernel_backend", choices=KERNEL_BACKENDS, default=default("kernel_backend"),
+                   help="loss and log-prob kernels: auto = Triton on CUDA tensors, the torch twin elsewhere "
+                        "(the HACPO_KERNEL_BACKEND environment variable overrides auto)")
+    g.add_argument("--logprob_path", choices=LOGPROB_PATHS, default=default("logprob_path"),
+                   help="fused: log-probs from the final hidden states and the LM head in tiles, without the full "
+                        "logits; logits: from the model's logits of the response positions")
     g.add_argument("--actor_num_gpus_per_node", type=int, default=default("actor_num_gpus_per_node"),
                    help="data-parallel policy workers per agent")
     g.add_argument("--device", choices=DEVICES, default=default("device"),
@@ -392,6 +400,8 @@ def build_config(argv: Sequence[str] | None = None) -> TrainConfig:
         bf16=args.bf16,
         gradient_checkpointing=args.gradient_checkpointing,
         attn_implementation=args.attn_implementation,
+        kernel_backend=args.kernel_backend,
+        logprob_path=args.logprob_path,
         actor_num_gpus_per_node=args.actor_num_gpus_per_node,
         device=args.device,
         use_ray=not args.no_ray,

@@ -25,7 +25,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from hacpo_kernels.dispatch import BACKENDS as KERNEL_BACKENDS
 from openrlhf_hacpo.algorithms import HACPOConfig
+from openrlhf_hacpo.models.logprobs import LOGPROB_PATHS
 
 __all__ = [
     "AGENT_FIELDS",
@@ -40,6 +42,7 @@ LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
 MINIBATCH_ORDERS = ("own_first", "stratified", "shuffle")
 EOS_POLICIES = ("drop", "keep")
 DEVICES = ("auto", "cpu", "cuda")
+
 WANDB_MODES = ("online", "offline", "disabled")
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -224,6 +227,8 @@ class TrainConfig:
     bf16: bool = False
     gradient_checkpointing: bool = False
     attn_implementation: str = "sdpa"
+    kernel_backend: str = "auto"
+    logprob_path: str = "fused"
     actor_num_gpus_per_node: int = 1
     device: str = "auto"
 
@@ -328,6 +333,8 @@ class TrainConfig:
         _check_choice("lr_scheduler", self.lr_scheduler, LR_SCHEDULERS)
         _check_choice("minibatch_order", self.minibatch_order, MINIBATCH_ORDERS)
         _check_choice("device", self.device, DEVICES)
+        _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
+        _check_choice("logprob_path", self.logprob_path, LOGPROB_PATHS)
         _check_choice("wandb_mode", self.wandb_mode, WANDB_MODES)
         if self.reward_timeout is not None and self.reward_num_workers == 0:
             raise ValueError("reward_timeout needs reward_num_workers >= 1 (an in-process reward cannot be stopped); "

@@ -48,8 +48,14 @@ def test_both_packages_import_side_by_side(other_kernels: pathlib.Path, tmp_path
     assert proc.stdout.startswith("ok")
 
 
-def test_import_kernels_without_the_other_package_names_hacpo_kernels():
-    proc = subprocess.run([sys.executable, "-c", "import kernels"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    assert proc.returncode != 0
-    assert "hacpo_kernels" in proc.stderr
+def test_without_the_other_package_kernels_is_an_empty_module_and_transformers_sees_none():
+    code = ("import kernels, hacpo_kernels\n"
+            "assert kernels.__file__ is None and not hasattr(kernels, '__version__')\n"
+            "try:\n    kernels.get_kernel\nexcept AttributeError as err:\n    assert 'hacpo_kernels' in str(err)\n"
+            "else:\n    raise SystemExit('attribute access should fail')\n"
+            "from transformers.utils import is_kernels_available\n"
+            "assert not is_kernels_available()\n"
+            "assert hasattr(hacpo_kernels, 'fused_linear_logprobs')\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert proc.returncode == 0, proc.stderr

@@ -1,0 +1,161 @@
+r"""Response log-probs (and entropy) of a causal LM, without the logits of all response tokens.
+
+:func:`response_logprobs` is the one place where the policy update, old-log-prob scoring and reference scoring
+compute :math:`\log\pi(y_t \mid x, y_{<t})` at the rollout temperature. Two paths:
+
+* ``fused`` (default): the model runs its normal forward (DeepSpeed engine, gradient checkpointing, ZeRO-3
+  gather hooks all unchanged), but the LM head module computes, for the selected response positions only,
+  ``log softmax((h W^T + b) / T)[y]`` and the entropy with :func:`hacpo_kernels.fused_linear_logprobs`: the logits
+  exist one tile at a time (Triton on CUDA, the torch twin elsewhere). The head's ``forward`` is swapped for the
+  duration of the call, so under ZeRO-3 the head weight is gathered once, by the head's own pre-forward hook, and
+  re-gathered for backward by DeepSpeed's hooks on the head's output. Tied and untied heads, a head bias, bf16 and
+  fp32 work unchanged.
+* ``logits``: the model returns the logits of the response positions (in the model dtype) and
+  :func:`hacpo_kernels.logprobs_from_logits` reduces them. Used for models whose head is not a plain linear map
+  (e.g. logit soft-capping or a logit scale), with a logged notice, or when asked for.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from hacpo_kernels import fused_linear_logprobs, logprobs_from_logits
+
+__all__ = ["LOGPROB_PATHS", "ResponseLogprobs", "fused_head_unsupported", "response_logprobs", "rows_to_batch",
+           "score_rows"]
+
+LOGPROB_PATHS = ("fused", "logits")
+
+logger = logging.getLogger(__name__)
+_NOTICED: set[str] = set()
+
+_UNSUPPORTED_CONFIG_FIELDS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+@dataclass
+class ResponseLogprobs:
+    """``logp`` [B, R] log-probs of the response tokens (0 on padding), ``entropy`` [B, R] detached entropy of the
+    next-token distribution at each response position (``None`` unless asked for)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor | None = None
+
+
+def _unwrap(model: Any) -> torch.nn.Module:
+    """The HF model inside a DeepSpeed engine (or the model itself)."""
+    return getattr(model, "module", model)
+
+
+def fused_head_unsupported(model: Any) -> str | None:
+    """Why the fused path cannot run on ``model`` (``None`` when it can)."""
+    module = _unwrap(model)
+    get_head = getattr(module, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if not isinstance(head, torch.nn.Linear):
+        return f"its output embedding is {type(head).__name__}, not a torch.nn.Linear"
+    config = getattr(module, "config", None)
+    for field in _UNSUPPORTED_CONFIG_FIELDS:
+        value = getattr(config, field, None)
+        if value not in (None, 0, 1, 1.0, False):
+            return f"its config sets {field}={value!r}, which the head applies after the linear map"
+    return None
+
+
+@contextlib.contextmanager
+def _head_computes_logprobs(head: torch.nn.Linear, mask: torch.Tensor, labels: torch.Tensor, temperature: float,
+                            with_entropy: bool, backend: str):
+    """Within the block, ``head(hidden [B, R+1, H])`` returns ``[N, 2]`` = (log-prob, entropy) of the N masked
+    response tokens instead of ``[B, R+1, V]`` logits."""
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        selected = hidden[:, :-1][mask]  # position P-1+t predicts response token t
+        logp, entropy = fused_linear_logprobs(selected, head.weight, labels, temperature=temperature,
+                                              return_entropy=with_entropy, bias=head.bias, backend=backend)
+        if entropy is None:
+            entropy = torch.zeros_like(logp)
+        return torch.stack([logp, entropy.detach()], dim=-1)
+
+    head.forward = forward  # instance attribute: nn.Module.__call__ (and its hooks) run it
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def response_logprobs(model: Any, padded: dict[str, torch.Tensor], temperature: float, *, with_entropy: bool = False,
+                      path: str = "fused", backend: str = "auto") -> ResponseLogprobs:
+    """Log-probs at ``temperature`` of every response token of a padded batch (gradients flow when grad is on).
+
+    ``padded`` is :meth:`LearnerBatch.to_padded` output: left-padded prompts in columns [0, P), right-padded
+    responses in [P, P+R), explicit position ids. ``path`` is ``"fused"`` or ``"logits"`` (see the module
+    docstring); ``backend`` is the kernel backend (``auto`` | ``triton`` | ``torch``).
+    """
+    if path not in LOGPROB_PATHS:
+        raise ValueError(f"log-prob path must be one of {LOGPROB_PATHS}, got {path!r}")
+    response_ids = padded["response_ids"]
+    mask = padded["response_mask"] > 0
+    num_resp = response_ids.shape[1]
+    inputs = dict(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                  position_ids=padded["position_ids"], use_cache=False, logits_to_keep=num_resp + 1)
+    if path == "fused":
+        reason = fused_head_unsupported(model)
+        if reason is not None:
+            name = type(_unwrap(model)).__name__
+            if name not in _NOTICED:
+                _NOTICED.add(name)
+                logger.warning("%s: log-probs from full logits, because %s", name, reason)
+            path = "logits"
+    if path == "fused":
+        head = _unwrap(model).get_output_embeddings()
+        with _head_computes_logprobs(head, mask, response_ids[mask], temperature, with_entropy, backend):
+            packed = model(**inputs).logits  # [N, 2]
+        logp, entropy = packed[:, 0], packed[:, 1]
+    else:
+        logits = model(**inputs).logits[:, :-1]
+        logp, entropy = logprobs_from_logits(logits[mask], response_ids[mask], temperature=temperature,
+                                             return_entropy=with_entropy, backend=backend)
+        if entropy is not None:
+            entropy = entropy.detach()
+
+    def unpack(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
+
+    return ResponseLogprobs(logp=unpack(logp), entropy=unpack(entropy).detach() if with_entropy else None)
+
+
+def rows_to_batch(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]):
+    """Wrap (prompt ids, response ids) pairs as a :class:`LearnerBatch`, to pack them with ``to_padded``."""
+    from openrlhf_hacpo.rollout import LearnerBatch, LearnerRow
+
+    if len(prompt_ids) != len(response_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts for {len(response_ids)} responses")
+    rows = [
+        LearnerRow(prompt_id=str(i), prompt_ids=list(p), response_ids=list(r), is_own=True, source=0, reward=0.0,
+                   old_logp_mean=0.0, old_logp=None)
+        for i, (p, r) in enumerate(zip(prompt_ids, response_ids))
+    ]
+    for i, row in enumerate(rows):
+        if not row.prompt_ids or not row.response_ids:
+            raise ValueError(f"row {i} has an empty prompt or response")
+    return LearnerBatch(learner=0, rows=rows)
+
+
+@torch.no_grad()
+def score_rows(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int,
+               temperature: float, micro_batch_size: int, device: Any, *, path: str = "fused",
+               backend: str = "auto") -> list[list[float]]:
+    """Per-token log-probs of each response given its prompt, in micro-batches without gradient."""
+    if not prompt_ids:
+        return []
+    batch = rows_to_batch(prompt_ids, response_ids)
+    out: list[list[float]] = []
+    for micro in batch.micro_batches(micro_batch_size):
+        padded = micro.to_padded(pad_id, device=device)
+        logp = response_logprobs(model, padded, temperature, path=path, backend=backend).logp.float().cpu()
+        for i, row in enumerate(micro.rows):
+            out.append(logp[i, : len(row.response_ids)].tolist())
+    return out
