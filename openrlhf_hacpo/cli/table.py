@@ -58,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(text, end="")
     if args.output_dir is not None:
         md = atomic_write_text(args.output_dir / "table.md", text)
-        png = plot_comparison(rows, args.output_dir / "table.png", f"Table{'s' if len(tables) > 1 else ''} {', '.join(tables)}: reproduced vs paper")
+        title = f"Table{'s' if len(tables) > 1 else ''} {', '.join(tables)}: reproduced vs paper"
+        png = plot_comparison(rows, args.output_dir / "table.png", title)
         print(f"wrote {md}" + (f" and {png}" if png else ""))
     return 0
 

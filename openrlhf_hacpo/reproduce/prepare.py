@@ -37,7 +37,7 @@ from typing import Any, Iterable
 from urllib.parse import urlparse
 
 from openrlhf_hacpo.data.prompts import _read_local
-from openrlhf_hacpo.reproduce.benchmarks import INSTRUCTION, DatasetSpec, LabelRule, dataset_spec
+from openrlhf_hacpo.reproduce.benchmarks import INSTRUCTION, DatasetSpec, LabelRule, Provenance, dataset_spec
 from openrlhf_hacpo.rollout.math_reward import last_box, unwrap_box
 from openrlhf_hacpo.utils.atomic import atomic_write_json, atomic_write_text
 
@@ -207,14 +207,19 @@ def prompt_row(spec: DatasetSpec, row: dict[str, Any], index: int) -> dict[str, 
 
 
 # ------------------------------------------------------------------------------------------------- sources
-def _hub_unreachable_reason(timeout_s: float) -> str | None:
-    """Why the hub cannot be used now (offline mode, or no connection within ``timeout_s``), or None."""
+def _offline_mode() -> str | None:
+    """The environment variable that puts the hub libraries in offline mode, when one is set."""
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         if os.environ.get(var, "").strip().lower() in ("1", "true", "yes", "on"):
-            return f"{var} is set"
+            return var
+    return None
+
+
+def _probe_hub(timeout_s: float) -> str | None:
+    """None when the hub's host (``HF_ENDPOINT``) accepts a connection within ``timeout_s``, else why not."""
     endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host = endpoint.hostname or "huggingface.co"
-    port = endpoint.port or (443 if endpoint.scheme != "http" else 80)
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             return None
@@ -223,21 +228,24 @@ def _hub_unreachable_reason(timeout_s: float) -> str | None:
 
 
 def _read_hub(spec: DatasetSpec, timeout_s: float) -> tuple[list[dict], dict[str, Any]]:
-    reason = _hub_unreachable_reason(timeout_s)
+    """Rows from the hub; offline mode tries the ``datasets`` cache, otherwise the host is probed first."""
     hint = (f"prepare it offline from a local copy laid out like the hub sets with --source_dir DIR "
             f"(DIR/{spec.hub_id}/...)")
-    offline_mode = reason is not None and reason.endswith("is set")
-    if reason is not None and not offline_mode:
-        raise HubUnavailableError(f"set {spec.name!r}: the Hugging Face hub is unavailable: {reason}; {hint}")
+    offline_var = _offline_mode()
+    if offline_var is None:
+        unreachable = _probe_hub(timeout_s)
+        if unreachable is not None:
+            raise HubUnavailableError(
+                f"set {spec.name!r}: the Hugging Face hub is unavailable: {unreachable}; {hint}")
     try:
         import datasets
 
         rows = [dict(r) for r in datasets.load_dataset(spec.hub_id, spec.config, split=spec.split)]
     except Exception as err:
-        cls = HubUnavailableError if offline_mode else PrepareError
+        cls, why = (HubUnavailableError, f" ({offline_var} is set)") if offline_var else (PrepareError, "")
         raise cls(
             f"set {spec.name!r}: loading {spec.hub_id} (config {spec.config}, split {spec.split}) from the hub "
-            f"failed{' (' + reason + ')' if reason else ''}: {type(err).__name__}: {err}; {hint}"
+            f"failed{why}: {type(err).__name__}: {err}; {hint}"
         ) from err
     return rows, {"source": "hub", "hub_id": spec.hub_id, "config": spec.config, "split": spec.split}
 
@@ -301,7 +309,7 @@ def _read_champ(spec: DatasetSpec) -> tuple[list[dict], dict[str, Any]]:
 def read_rows(spec: DatasetSpec, source_dir: Path | None = None,
               hub_timeout_s: float = 5.0) -> tuple[list[dict], dict[str, Any]]:
     """The source rows of a set and a description of where they came from."""
-    if spec.name == "champ":
+    if spec.provenance is Provenance.OFFLINE:
         return _read_champ(spec)
     if source_dir is not None:
         return _read_local_copy(spec, Path(source_dir))

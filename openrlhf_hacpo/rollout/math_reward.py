@@ -20,7 +20,8 @@ equivalence. Its quirks decide which responses count as correct, so they are kep
 1. drop newlines and ``\\!``; ``\\\\`` → ``\\``; ``tfrac``/``dfrac`` → ``frac``; drop ``\\left``, ``\\right``,
    ``^{\\circ}``, ``^\\circ``, ``\\$``;
 2. units: with exactly one ``"\\text{ "`` (with a space), keep only the text before it;
-3. drop ``\\%``; ``" ."`` → ``" 0."``, ``"{."`` → ``"{0."``; an empty string stops here; a leading ``.`` gets a ``0``;
+3. drop ``\\%``; ``" ."`` → ``" 0."``, ``"{."`` → ``"{0."``; an empty string stops here; a leading ``.`` gets
+   a ``0``;
 4. with exactly one ``=`` and at most 2 characters before it (``"k = 3"``, ``"x=3"``), keep the right side;
 5. ``\\sqrtX`` → ``\\sqrt{X}`` for the single character X after ``\\sqrt``;
 6. remove every space;
@@ -112,7 +113,7 @@ def _brace_sqrt_argument(s: str) -> str:
 
 
 def _brace_frac_arguments(s: str) -> str:
-    """Rule 7: ``\\frac12`` → ``\\frac{1}{2}``, ``\\frac1{72}`` → ``\\frac{1}{72}``; ``\\frac{72}1`` is left alone."""
+    """Rule 7: ``\\frac12`` → ``\\frac{1}{2}``, ``\\frac1{72}`` → ``\\frac{1}{72}``; ``\\frac{72}1`` stays."""
     pieces = s.split("\\frac")
     out = [pieces[0]]
     for piece in pieces[1:]:
