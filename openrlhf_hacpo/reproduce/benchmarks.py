@@ -5,22 +5,19 @@ the answer, how the label is read from the answer (:class:`LabelRule`), how many
 and whether the id is the official code's choice or a community-standard one (the official code names no id for
 AIME 2025, AMC23, Minerva and OlympiadBench). Every prompt gets the same instruction suffix, GSM8K included.
 
-================  ===============================  ==================  =====  ==============================
-set               hub id (config, split)           question / answer   rows   label rule
-================  ===============================  ==================  =====  ==============================
-math_train        DigitalLearningGmbH/MATH-lighteval  problem / solution  7500  last box of the solution
-                  (default, train)
-math500           HuggingFaceH4/MATH-500 (test)    problem / solution    500  last box of the solution
-math              DigitalLearningGmbH/MATH-lighteval  problem / solution  5000  last box of the solution
-                  (default, test)
-gsm8k             openai/gsm8k (main, test)        question / answer    1319  after ``####``, commas removed
-aime25            math-ai/aime25 (test)            problem / answer       30  the answer column
-amc23             math-ai/amc23 (test)             question / answer      40  the answer column
-minerva           math-ai/minervamath (test)       question / answer     272  the answer column
-olympiadbench     Hothan/OlympiadBench             question /            675  first list entry, ``$`` stripped;
-                  (OE_TO_maths_en_COMP, train)     final_answer               ``context`` put before the question
-champ             the ``champ-dataset`` wheel      _text / _answer       270  the answer column
-================  ===============================  ==================  =====  ==============================
+::
+
+    set            hub id (config, split)                         question / answer        rows  label
+    math_train     DigitalLearningGmbH/MATH-lighteval (-, train)  problem / solution       7500  last box
+    math500        HuggingFaceH4/MATH-500 (-, test)               problem / solution        500  last box
+    math           DigitalLearningGmbH/MATH-lighteval (-, test)   problem / solution       5000  last box
+    gsm8k          openai/gsm8k (main, test)                      question / answer        1319  after ####, no commas
+    aime25         math-ai/aime25 (-, test)                       problem / answer           30  answer
+    amc23          math-ai/amc23 (-, test)                        question / answer          40  answer
+    minerva        math-ai/minervamath (-, test)                  question / answer         272  answer
+    olympiadbench  Hothan/OlympiadBench                           question / final_answer   675  first entry, $ stripped
+                   (OE_TO_maths_en_COMP, train)                   (context before it)
+    champ          the champ-dataset wheel (v0)                   _text / _answer           270  answer
 
 ``champ`` is not one of the paper's benchmarks: it is a real answer-labelled maths set (MIT) that ships inside a
 PyPI wheel, for checking the whole path offline.

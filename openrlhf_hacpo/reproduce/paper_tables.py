@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["COLUMNS", "METHODS", "PAPER_ROWS", "PaperRow", "SETTINGS", "avg_disagreements", "paper_rows"]
+__all__ = ["COLUMNS", "HUB_MODEL_IDS", "METHODS", "PAPER_ROWS", "PaperRow", "SETTINGS", "avg_disagreements",
+           "paper_model_name", "paper_rows"]
 
 COLUMNS: tuple[str, ...] = ("MATH-500", "MATH", "GSM8K", "AIME25", "AMC23", "Minerva", "Olympiad")
 """The paper's benchmark columns, in its order."""
@@ -40,6 +41,27 @@ SETTINGS: tuple[str, ...] = (STATE, SIZE, MODEL, QWEN_4B_8B, LLAMA_1B_3B, QWEN_L
 Q4, Q4I = "Qwen3-4B", "Qwen3-4B-Instruct"
 Q17B, Q4B, Q8B = "Qwen3-1.7B-Base", "Qwen3-4B-Base", "Qwen3-8B-Base"
 L1I, L3I = "Llama-3.2-1B-Instruct", "Llama-3.2-3B-Instruct"
+
+HUB_MODEL_IDS: dict[str, str] = {
+    Q17B: "Qwen/Qwen3-1.7B-Base",
+    Q4B: "Qwen/Qwen3-4B-Base",
+    Q8B: "Qwen/Qwen3-8B-Base",
+    Q4: "Qwen/Qwen3-4B",
+    Q4I: "Qwen/Qwen3-4B-Instruct-2507",
+    L1I: "meta-llama/Llama-3.2-1B-Instruct",
+    L3I: "meta-llama/Llama-3.2-3B-Instruct",
+}
+"""The paper names models only; these are the obvious hub ids. ``Qwen3-4B-Instruct`` as
+``Qwen/Qwen3-4B-Instruct-2507`` is an assumption; the Llama models are gated."""
+
+
+def paper_model_name(hub_id_or_path: str) -> str:
+    """The paper's model name for a hub id (or a local folder named after one, such as ``.../Qwen3-4B-Base``)."""
+    tail = hub_id_or_path.rstrip("/").split("/")[-1]
+    for name, hub_id in HUB_MODEL_IDS.items():
+        if hub_id_or_path == hub_id or tail == hub_id.split("/")[-1]:
+            return name
+    raise ValueError(f"{hub_id_or_path!r} is none of the paper's models ({', '.join(HUB_MODEL_IDS.values())})")
 
 
 @dataclass(frozen=True)

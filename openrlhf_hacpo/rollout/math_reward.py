@@ -33,7 +33,7 @@ equivalence. Its quirks decide which responses count as correct, so they are kep
 
 Where verl's code raises (two ``"\\text{ "`` units; ``\\sqrt`` or ``\\frac`` with nothing after it, at the end of the
 string or right before another one) the comparison falls back to the raw strings: ``pred == label`` unnormalised.
-That is :class:`_NormalisationFailed` here.
+That is :class:`NormalisationFailed` here.
 
 Nothing else is normalised: ``$``, ``%`` without backslash, ``\\text{...}`` without the space, thousands commas,
 trailing zeros, ``\\dfrac`` vs ``/`` with non-integers all compare as written.
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["boxed_exact", "hendrycks_equal", "hendrycks_normalize", "last_box", "unwrap_box"]
+__all__ = ["NormalisationFailed", "boxed_exact", "hendrycks_equal", "hendrycks_normalize", "last_box", "unwrap_box"]
 
 _BOXED = "\\boxed"
 _BOXED_SPACE = "\\boxed "
@@ -52,7 +52,7 @@ _UNIT = "\\text{ "
 _PYTHON_INT = re.compile(r"-?(0|[1-9][0-9]*)")
 
 
-class _NormalisationFailed(Exception):
+class NormalisationFailed(Exception):
     """verl's normalisation raises on this string, so the comparison falls back to the raw strings."""
 
 
@@ -97,7 +97,7 @@ def _drop_right_units(s: str) -> str:
     """Rule 2: ``"5\\text{ cm}"`` → ``"5"``; two ``"\\text{ "`` cannot be normalised."""
     parts = s.split(_UNIT)
     if len(parts) > 2:
-        raise _NormalisationFailed(f"{len(parts) - 1} unit markers")
+        raise NormalisationFailed(f"{len(parts) - 1} unit markers")
     return parts[0]
 
 
@@ -107,7 +107,7 @@ def _brace_sqrt_argument(s: str) -> str:
     out = [pieces[0]]
     for piece in pieces[1:]:
         if not piece:
-            raise _NormalisationFailed("\\sqrt without an argument")
+            raise NormalisationFailed("\\sqrt without an argument")
         out.append("\\sqrt" + (piece if piece[0] == "{" else "{" + piece[0] + "}" + piece[1:]))
     return "".join(out)
 
@@ -118,7 +118,7 @@ def _brace_frac_arguments(s: str) -> str:
     out = [pieces[0]]
     for piece in pieces[1:]:
         if not piece:
-            raise _NormalisationFailed("\\frac without arguments")
+            raise NormalisationFailed("\\frac without arguments")
         if piece[0] == "{":
             out.append("\\frac" + piece)
         elif len(piece) < 2:
@@ -142,7 +142,7 @@ def hendrycks_normalize(s: str) -> str:
     """The Hendrycks-MATH normal form of an answer string (rules 1-9 of the module docstring).
 
     Raises:
-        _NormalisationFailed: where verl's normalisation raises (the caller then compares raw strings).
+        NormalisationFailed: where verl's normalisation raises (the caller then compares raw strings).
     """
     for old, new in (("\n", ""), ("\\!", ""), ("\\\\", "\\"), ("tfrac", "frac"), ("dfrac", "frac"),
                      ("\\left", ""), ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", "")):
@@ -168,7 +168,7 @@ def hendrycks_equal(answer: str, label: str) -> bool:
     """``normalize(answer) == normalize(label)``; the raw strings are compared where either cannot be normalised."""
     try:
         return hendrycks_normalize(answer) == hendrycks_normalize(label)
-    except _NormalisationFailed:
+    except NormalisationFailed:
         return answer == label
 
 

@@ -10,11 +10,13 @@ from openrlhf_hacpo.cli import table as table_cli
 from openrlhf_hacpo.reproduce.metrics import ScoredSample, aggregate_by_data_source
 from openrlhf_hacpo.reproduce.paper_tables import (
     COLUMNS,
+    HUB_MODEL_IDS,
     MODEL,
     PAPER_ROWS,
     SIZE,
     STATE,
     avg_disagreements,
+    paper_model_name,
     paper_rows,
 )
 from openrlhf_hacpo.reproduce.results import BenchmarkResult, ResultsError, read_results, write_results
@@ -150,6 +152,15 @@ def test_cli_writes_markdown_and_plot(tmp_path: Path, capsys) -> None:
     (tmp_path / "broken.json").write_text("{")
     assert table_cli.main(["--results", str(tmp_path / "broken.json")]) == 2
     assert "invalid JSON" in capsys.readouterr().err
+
+
+def test_paper_model_names() -> None:
+    assert paper_model_name("Qwen/Qwen3-4B-Base") == "Qwen3-4B-Base"
+    assert paper_model_name("/models/Llama-3.2-3B-Instruct/") == "Llama-3.2-3B-Instruct"
+    assert paper_model_name("Qwen/Qwen3-4B-Instruct-2507") == "Qwen3-4B-Instruct"
+    assert {r.model for r in PAPER_ROWS} == set(HUB_MODEL_IDS)
+    with pytest.raises(ValueError, match="none of the paper's models"):
+        paper_model_name("Qwen/Qwen3-4B-Instruct")
 
 
 def test_columns_follow_the_paper() -> None:
