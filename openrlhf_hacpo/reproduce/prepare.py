@@ -30,6 +30,7 @@ import json
 import math
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -216,15 +217,29 @@ def _offline_mode() -> str | None:
 
 
 def _probe_hub(timeout_s: float) -> str | None:
-    """None when the hub's host (``HF_ENDPOINT``) accepts a connection within ``timeout_s``, else why not."""
+    """None when the hub's host (``HF_ENDPOINT``) accepts a connection within ``timeout_s``, else why not.
+
+    The name lookup is not bounded by a socket timeout, so the probe runs in a daemon thread that is given up on
+    after ``timeout_s``.
+    """
     endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     host = endpoint.hostname or "huggingface.co"
     port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return None
-    except OSError as err:
-        return f"{host}:{port} cannot be reached within {timeout_s:g} s ({type(err).__name__}: {err})"
+    outcome: list[str | None] = []
+
+    def connect() -> None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout_s):
+                outcome.append(None)
+        except OSError as err:
+            outcome.append(f"{type(err).__name__}: {err}")
+
+    probe = threading.Thread(target=connect, name="hub-probe", daemon=True)
+    probe.start()
+    probe.join(timeout_s)
+    if not outcome:
+        return f"{host}:{port} did not answer within {timeout_s:g} s"
+    return None if outcome[0] is None else f"{host}:{port} cannot be reached ({outcome[0]})"
 
 
 def _read_hub(spec: DatasetSpec, timeout_s: float) -> tuple[list[dict], dict[str, Any]]:
