@@ -132,6 +132,7 @@ def boxed_math(response_text: str, label: str | None) -> float:
 _REGISTRY: dict[str, str] = {
     "exact_match": f"{__name__}:exact_match",
     "boxed_math": f"{__name__}:boxed_math",
+    "boxed_exact": "openrlhf_hacpo.rollout.math_reward:boxed_exact",
     "arithmetic": "openrlhf_hacpo.data.arithmetic:arithmetic_reward",
 }
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
-from math import comb
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from openrlhf_hacpo.data.arithmetic import Problem, arithmetic_reward
+from openrlhf_hacpo.reproduce.metrics import pass_at_k
 
 __all__ = ["EvalResult", "generate_responses", "evaluate_accuracy", "pass_at_k"]
 
@@ -39,13 +39,6 @@ class EvalResult:
             out["sample_accuracy"] = self.sample_accuracy
             out["pass_at_k"] = self.pass_at_k
         return out
-
-
-def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
-    """Unbiased pass@k of one problem from ``num_correct`` correct out of ``num_samples`` samples."""
-    if not 1 <= k <= num_samples:
-        raise ValueError(f"k must be in [1, num_samples={num_samples}], got {k}")
-    return 1.0 - comb(num_samples - num_correct, k) / comb(num_samples, k)
 
 
 @torch.no_grad()
