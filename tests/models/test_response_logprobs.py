@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 from openrlhf_hacpo.models import response_logprobs, rows_to_batch
 
 VOCAB = 97
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 PROMPTS = [[5, 9, 3], [7], [11, 12, 13, 14, 15], [4, 4]]
 RESPONSES = [[20, 21, 22, 23], [30], [40, 41], [50, 51, 52, 53, 54, 55]]
 
@@ -42,13 +43,14 @@ def tiny_model(family: str, tied: bool, bias: bool = False, seed: int = 0) -> to
     return model
 
 
-def padded_batch():
-    return rows_to_batch(PROMPTS, RESPONSES).to_padded(0)
+def padded_batch(device="cpu"):
+    return rows_to_batch(PROMPTS, RESPONSES).to_padded(0, device=device)
 
 
 def reference(model: torch.nn.Module, padded, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 log-probs and entropies of every response position from the full logits."""
-    m64 = copy.deepcopy(model).double()
+    m64 = copy.deepcopy(model).to("cpu", torch.float64)
+    padded = {k: v.cpu() for k, v in padded.items()}
     with torch.no_grad():
         out = m64(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
                   position_ids=padded["position_ids"], output_hidden_states=True, use_cache=False)
@@ -68,26 +70,31 @@ def reference(model: torch.nn.Module, padded, temperature: float) -> tuple[torch
                                               ("qwen3", False, True), ("qwen3", True, False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_fused_path_matches_float64_full_logits(family, tied, bias, dtype, temperature):
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_path_matches_float64_full_logits(family, tied, bias, dtype, temperature, device):
+    """On CUDA the fused path runs the Triton kernels (backend auto), on CPU the torch twin."""
     model = tiny_model(family, tied, bias)
-    padded = padded_batch()
+    padded = padded_batch(device)
     ref_logp, ref_entropy = reference(model, padded, temperature)
-    out = response_logprobs(model.to(dtype), padded, temperature, with_entropy=True, path="fused")
-    tol = 1e-5 if dtype == torch.float32 else 3e-2  # bf16 weights and activations
-    mask = padded["response_mask"] > 0
-    assert out.logp.dtype == torch.float32
-    torch.testing.assert_close(out.logp[mask].double(), ref_logp[mask], rtol=tol, atol=tol)
-    torch.testing.assert_close(out.entropy[mask].double(), ref_entropy[mask], rtol=tol, atol=tol)
-    assert torch.all(out.logp[~mask] == 0) and torch.all(out.entropy[~mask] == 0)
+    out = response_logprobs(model.to(device, dtype), padded, temperature, with_entropy=True, path="fused")
+    # bf16 weights and activations; on CUDA fp32 attention kernels sum in another order
+    tol = 3e-2 if dtype == torch.bfloat16 else (1e-5 if device == "cpu" else 1e-4)
+    mask = (padded["response_mask"] > 0).cpu()
+    logp, entropy = out.logp.cpu(), out.entropy.cpu()
+    assert logp.dtype == torch.float32
+    torch.testing.assert_close(logp[mask].double(), ref_logp[mask], rtol=tol, atol=tol)
+    torch.testing.assert_close(entropy[mask].double(), ref_entropy[mask], rtol=tol, atol=tol)
+    assert torch.all(logp[~mask] == 0) and torch.all(entropy[~mask] == 0)
 
 
 @pytest.mark.parametrize("family,tied,bias", [("llama", True, False), ("qwen3", False, True)])
-def test_fused_and_logits_paths_give_the_same_gradients(family, tied, bias):
-    padded = padded_batch()
-    weights = torch.randn(padded["response_ids"].shape, dtype=torch.float64)
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_and_logits_paths_give_the_same_gradients(family, tied, bias, device):
+    padded = padded_batch(device)
+    weights = torch.randn(padded["response_ids"].shape, dtype=torch.float64, device=device)
     grads = {}
     for path in ("fused", "logits"):
-        model = tiny_model(family, tied, bias)
+        model = tiny_model(family, tied, bias).to(device)
         out = response_logprobs(model, padded, 0.8, path=path)
         (out.logp.double() * weights).sum().backward()
         grads[path] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}

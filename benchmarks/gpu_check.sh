@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# The GPU check anyone can run: one command, about 6-8 minutes on one H100/H200, needing only torch, triton,
+# transformers and pytest (no Ray, DeepSpeed, vLLM or network). From the repository root:
+#
+#   bash benchmarks/gpu_check.sh
+#
+# Parts (each has its own time limit; a failure is recorded and the next part still runs):
+#   1. tests     CUDA kernel tests (compiled Triton), the CUDA algorithm tests and the fused log-prob path on CUDA
+#                (tests/kernels, tests/algorithms, tests/models; "not slow")
+#   2. kernels   benchmarks/bench_kernels.py --quick: log-prob kernels, fused linear log-probs and the loss kernel
+#   3. step      benchmarks/bench_step.py: one scoring pass and one update micro-batch, full logits vs fused
+#   4. update    benchmarks/gpu_policy_update.py: HACPO updates of a zoo agent in bf16 on both kernel backends,
+#                a non-finite update skipped at m = 2, peak memory
+# Results: benchmarks/results/gpu_check.md (summary) and the tables each part writes (kernels_gpu.md, step_cuda.md,
+# policy_update_cuda.md); copied to $OUT when that variable names a folder. Without a CUDA device every part is
+# reported as skipped and the script exits 0.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+RESULTS=benchmarks/results
+SUMMARY=$RESULTS/gpu_check.md
+mkdir -p "$RESULTS"
+
+# the kernels/ folder is imported as hacpo_kernels (setup.py maps it); without an install, a link does the same
+SITE=$(mktemp -d)
+ln -s "$ROOT/kernels" "$SITE/hacpo_kernels"
+export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+unset TRITON_INTERPRET
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+{
+    echo "# GPU check"
+    echo
+    echo "Command: \`bash benchmarks/gpu_check.sh\`, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo
+    "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, '| triton', triton.__version__, '| transformers', transformers.__version__, '|', torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA device')" 2>&1
+    echo
+    echo "| part | result | seconds |"
+    echo "|---|---|---|"
+} > "$SUMMARY"
+
+if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+    for part in tests kernels step update; do echo "| $part | skipped (no CUDA device) | 0 |" >> "$SUMMARY"; done
+    cat "$SUMMARY"
+    exit 0
+fi
+
+failures=0
+part() {  # part NAME LIMIT_S COMMAND...
+    local name=$1 limit=$2; shift 2
+    local log="$RESULTS/gpu_$name.log" start=$SECONDS rc
+    echo "== $name: $* (limit ${limit}s)"
+    timeout "$limit" "$@" > "$log" 2>&1
+    rc=$?
+    tail -n 25 "$log"
+    local verdict="ok"
+    if [ "$rc" -eq 124 ]; then verdict="timed out after ${limit}s"; elif [ "$rc" -ne 0 ]; then verdict="failed (exit $rc)"; fi
+    [ "$verdict" = "ok" ] || failures=$((failures + 1))
+    echo "| $name | $verdict | $((SECONDS - start)) |" >> "$SUMMARY"
+}
+
+part tests 200 "$PY" -m pytest tests/kernels tests/algorithms tests/models -q -m "not slow" -p no:cacheprovider -x
+part kernels 150 "$PY" benchmarks/bench_kernels.py --quick --out kernels_gpu
+if [ -f benchmarks/bench_step.py ]; then
+    part step 120 "$PY" benchmarks/bench_step.py
+fi
+part update 90 "$PY" benchmarks/gpu_policy_update.py
+
+{
+    echo
+    echo "## Test summary"
+    echo
+    echo '```'
+    grep -E "passed|failed|error" "$RESULTS/gpu_tests.log" | tail -n 5
+    echo '```'
+} >> "$SUMMARY"
+cat "$SUMMARY"
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    for f in "$SUMMARY" "$RESULTS/gpu_tests.log" "$RESULTS"/kernels_gpu.md "$RESULTS"/kernels_gpu.json \
+             "$RESULTS"/step_cuda.md "$RESULTS"/policy_update_cuda.md "$RESULTS/gpu_kernels.log" "$RESULTS/gpu_step.log"; do
+        [ -f "$f" ] && cp "$f" "$OUT/"
+    done
+fi
+echo "gpu_check: $failures part(s) failed"
+[ "$failures" -eq 0 ]
