@@ -39,7 +39,9 @@ def other_kernels(tmp_path: pathlib.Path) -> pathlib.Path:
 
 @pytest.mark.parametrize("cwd", ["neutral", "repo_root"])
 def test_both_packages_import_side_by_side(other_kernels: pathlib.Path, tmp_path: pathlib.Path, cwd: str):
-    env = dict(os.environ, PYTHONPATH=str(other_kernels))
+    # the stand-in goes after whatever makes hacpo_kernels importable here (an install, or a link on PYTHONPATH)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(other_kernels)]))
     workdir = ROOT if cwd == "repo_root" else tmp_path
     # `python -c` puts the working directory first on sys.path, as a script run from a checkout would
     proc = subprocess.run([sys.executable, "-c", CHECK], cwd=workdir, env=env, capture_output=True, text=True,
@@ -56,6 +58,5 @@ def test_without_the_other_package_kernels_is_an_empty_module_and_transformers_s
             "from transformers.utils import is_kernels_available\n"
             "assert not is_kernels_available()\n"
             "assert hasattr(hacpo_kernels, 'fused_linear_logprobs')\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
