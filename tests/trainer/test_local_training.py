@@ -200,11 +200,13 @@ def test_resume_rejects_a_checkpoint_of_other_agents(tmp_path, tiny_agents, base
                       "--max_steps", "2", "--resume"))
 
 
-def test_worker_update_equals_a_hand_written_gspo_step(tmp_path, tiny_agents, base_args, prompt_file):
+@pytest.mark.parametrize("kernel_backend", ["torch", "triton"])
+def test_worker_update_equals_a_hand_written_gspo_step(tmp_path, tiny_agents, base_args, prompt_file, kernel_backend):
     """The policy worker's GSPO update on its own rollouts (DeepSpeed ZeRO-2, two micro-batches) is one hand-written
     step on a copy of the initial model: group-normalised rewards (eq. 6 with one agent), the sequence ratio of
     eq. 25 computed from a plain forward pass, the mean over sequences, torch Adam. The gradient norm before
     clipping checks the scale of the gradient (Adam's first step is scale-free), the parameter change its direction.
+    Both kernel backends (the Triton kernels run in Triton's interpreter on CPU).
     """
     import copy
 
@@ -215,7 +217,8 @@ def test_worker_update_equals_a_hand_written_gspo_step(tmp_path, tiny_agents, ba
     cfg = build_config(base_args(tmp_path, "--no_ray", "--algorithm", "gspo", "--agent",
                                  f"name=qwen,pretrain={tiny_agents['qwen']}", "--train_batch_size", "8",
                                  "--micro_train_batch_size", "4", "--lr_scheduler", "constant",
-                                 "--adam_betas", "0.9", "0.99", "--max_norm", "100"))
+                                 "--adam_betas", "0.9", "0.99", "--max_norm", "100",
+                                 "--kernel_backend", kernel_backend))
     worker = PolicyWorker(cfg, 0, total_updates=1)
     worker.setup()
     hand_model = copy.deepcopy(worker.model).float().train()
