@@ -182,7 +182,9 @@ class AgentGroup:
         self.engines = create_vllm_engines(
             agent.vllm_num_engines, agent.vllm_tensor_parallel_size, agent.pretrain,
             seed=self.cfg.seed + 1000 * self.index,
-            max_model_len=self.cfg.prompt_max_len + self.cfg.generate_max_len,
+            # room for the longest response asked for: rollouts or (possibly longer) evaluation responses
+            max_model_len=self.cfg.prompt_max_len + max(self.cfg.generate_max_len,
+                                                         self.cfg.eval_generate_max_len or 0),
             use_gpu=self.use_gpu, num_cpus_per_engine=1.0 if self.use_gpu else 0.0,
             name_prefix=None, **kwargs)
 

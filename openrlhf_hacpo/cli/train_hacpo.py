@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no_progress_bar", action="store_true")
 
     g = parser.add_argument_group("evaluation", "greedy accuracy of each agent alone, and pass@k")
-    g.add_argument("--eval_data", default=None, help="validation prompts (same keys as --prompt_data)")
+    g.add_argument("--eval_data", nargs="+", default=None, metavar="FILE",
+                   help="validation prompts (same keys as --prompt_data); several files are reported per data_source")
     g.add_argument("--eval_split", default=default("eval_split"))
     g.add_argument("--eval_steps", type=int, default=default("eval_steps"),
                    help="evaluate every N steps and at the end (-1: only at the end, when eval_data is given)")
@@ -301,7 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="k of pass@k: sampled responses per prompt besides the greedy one (1: greedy only)")
     g.add_argument("--eval_temperature", type=float, default=default("eval_temperature"))
     g.add_argument("--eval_max_samples", type=int, default=None, help="evaluate on the first N prompts")
-    g.add_argument("--eval_generate_max_len", type=int, default=None, help="[--generate_max_len]")
+    g.add_argument("--eval_generate_max_len", type=int, default=None,
+                   help="max new tokens of evaluation responses; vLLM engines are sized for the longer of the two "
+                   "[--generate_max_len]")
+    g.add_argument("--eval_before_training", action="store_true", help="also evaluate at step 0, before training")
     return parser
 
 
@@ -420,13 +424,14 @@ def build_config(argv: Sequence[str] | None = None) -> TrainConfig:
         wandb_run_name=args.wandb_run_name,
         wandb_mode=args.wandb_mode,
         progress_bar=not args.no_progress_bar,
-        eval_data=args.eval_data,
+        eval_data=",".join(args.eval_data) if args.eval_data else None,
         eval_split=args.eval_split,
         eval_steps=args.eval_steps,
         eval_n_samples=args.eval_n_samples,
         eval_temperature=args.eval_temperature,
         eval_max_samples=args.eval_max_samples,
         eval_generate_max_len=args.eval_generate_max_len,
+        eval_before_training=args.eval_before_training,
     )
 
 

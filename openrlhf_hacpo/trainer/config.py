@@ -248,13 +248,14 @@ class TrainConfig:
     progress_bar: bool = True
 
     # -- evaluation
-    eval_data: str | None = None
+    eval_data: str | None = None  # one file, or several separated by commas (reported per data_source)
     eval_split: str = "test"
     eval_steps: int = -1
     eval_n_samples: int = 1
     eval_temperature: float = 1.0
     eval_max_samples: int | None = None
     eval_generate_max_len: int | None = None
+    eval_before_training: bool = False
 
     # -- misc
     seed: int = 42
@@ -292,7 +293,7 @@ class TrainConfig:
             _check_str(name, getattr(self, name), allow_none=True)
         for name in ("apply_chat_template", "vllm_enforce_eager", "colocate_all_models", "bf16",
                      "gradient_checkpointing", "save_hf", "save_rollouts", "use_wandb", "progress_bar", "resume",
-                     "use_ray"):
+                     "use_ray", "eval_before_training"):
             _check_bool(name, getattr(self, name))
         _check_bool("enable_thinking", self.enable_thinking, allow_none=True)
         for name in ("prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size",
@@ -377,6 +378,8 @@ class TrainConfig:
                 raise ValueError(f"agent {agent.name!r}: rollout_backend='vllm' needs vllm_num_engines >= 1")
         if self.eval_steps != -1 and self.eval_data is None:
             raise ValueError("eval_steps is set but eval_data is not: give --eval_data with --eval_steps")
+        if self.eval_before_training and self.eval_data is None:
+            raise ValueError("eval_before_training is set but eval_data is not: give --eval_data")
 
     # ------------------------------------------------------------------------------------------------ derived
     @property

@@ -1,0 +1,78 @@
+"""The Table 1 launcher: every pair x method command line is accepted by the trainer's CLI with the paper's settings."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from openrlhf_hacpo.cli.train_hacpo import build_config
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts"
+PAIRS = {  # pair -> (agent models, alpha, delta, delta_step) as Table 1 / Table 5 give them
+    "qwen3_1.7b_4b": (["Qwen/Qwen3-1.7B-Base", "Qwen/Qwen3-4B-Base"], 1.0, 0.2, 0.025),
+    "qwen3_4b_llama3.2_3b": (["Qwen/Qwen3-4B-Base", "meta-llama/Llama-3.2-3B-Instruct"], 1.0, 0.2, 0.025),
+    "qwen3_4b_instruct": (["Qwen/Qwen3-4B", "Qwen/Qwen3-4B-Instruct-2507"], 3.0, 0.2, 0.01),
+}
+METHODS = {  # method -> (registered algorithm, rollouts per prompt, optimizer updates per step)
+    "hacpo": ("hacpo", 8, 4),  # 2 agents x 128 x 8 = 2048 rows / 512
+    "gspo": ("gspo", 8, 2),
+    "gspo_x2": ("gspo", 16, 4),
+    "grpo": ("grpo", 8, 2),
+    "naive": ("naive", 8, 4),
+}
+
+
+def _argv_of(tmp_path: Path, *args: str, env: dict | None = None) -> list[str]:
+    """Run the launcher with a stand-in ``python3`` that records its arguments."""
+    shim = tmp_path / "python3"
+    shim.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"json.dump(sys.argv[1:], open({str(tmp_path / 'argv.json')!r}, 'w'))\n")
+    shim.chmod(0o755)
+    full_env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", **(env or {})}
+    subprocess.run(["bash", str(SCRIPTS / "train_table1.sh"), *args], check=True, env=full_env, capture_output=True)
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[:2] == ["-m", "openrlhf_hacpo.cli.train_hacpo"]
+    return argv[2:]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("pair", PAIRS)
+def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, method):
+    cfg = build_config(_argv_of(tmp_path, pair, method))
+    models, alpha, delta, delta_step = PAIRS[pair]
+    algorithm, samples, updates = METHODS[method]
+    assert [a.pretrain for a in cfg.agents] == models
+    assert cfg.algo.algorithm == algorithm
+    assert cfg.n_samples_per_prompt == samples and cfg.updates_per_step == updates
+    assert cfg.rollout_backend == "vllm" and cfg.reward_fn == "boxed_exact"
+    assert cfg.prompt_data == "data/table1/math_train.jsonl" and cfg.eval_data == "data/table1/math500.jsonl"
+    assert cfg.eval_steps == 3 and cfg.eval_before_training
+    assert cfg.generate_max_len == cfg.eval_generate_max_len == 8196 and cfg.prompt_max_len == 1024
+    assert cfg.save_path == f"runs/table1/{pair}/{method}"
+    if algorithm == "grpo":
+        assert (cfg.algo.loss.eps_low, cfg.algo.loss.eps_high) == (0.2, 0.28)
+    else:
+        assert (cfg.algo.loss.eps_low, cfg.algo.loss.eps_high) == (3e-4, 4e-4)
+    if algorithm == "hacpo":
+        assert (cfg.algo.loss.alpha, cfg.algo.loss.delta, cfg.algo.loss.delta_step) == (alpha, delta, delta_step)
+
+
+def test_variables_and_trailing_flags_override(tmp_path):
+    argv = _argv_of(tmp_path, "qwen3_1.7b_4b", "hacpo", "--max_steps", "6",
+                    env={"MODEL_A": "/m/a", "DATA_DIR": "/d", "SAVE_PATH": "/r", "GENERATE_MAX_LEN": "4096"})
+    cfg = build_config(argv)
+    assert cfg.agents[0].pretrain == "/m/a" and cfg.prompt_data == "/d/math_train.jsonl"
+    assert cfg.save_path == "/r" and cfg.generate_max_len == 4096 and cfg.max_steps == 6
+
+
+@pytest.mark.parametrize("args", [("qwen3_1.7b_4b",), ("nopair", "hacpo"), ("qwen3_1.7b_4b", "ppo")])
+def test_bad_pair_or_method_is_named(tmp_path, args):
+    result = subprocess.run(["bash", str(SCRIPTS / "train_table1.sh"), *args], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "PAIR" in result.stderr
+    if len(args) == 2:
+        assert repr(args[0] if args[0] == "nopair" else args[1]).strip("'") in result.stderr
