@@ -36,7 +36,7 @@ from openrlhf_hacpo.engines.base import SamplingConfig, derive_seed
 from openrlhf_hacpo.rollout import RewardFunctionError, RewardRunner, RolloutStore, get_reward_fn
 from openrlhf_hacpo.trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from openrlhf_hacpo.trainer.config import TrainConfig
-from openrlhf_hacpo.trainer.evaluation import Evaluator
+from openrlhf_hacpo.trainer.evaluation import Evaluator, load_eval_records
 from openrlhf_hacpo.trainer.metrics import MetricsLogger
 
 __all__ = ["HACPOController", "TrainingError", "wait_all"]
@@ -116,8 +116,8 @@ class HACPOController:
                                            drop_last=True)
         self.eval_records = None
         if cfg.eval_data:
-            self.eval_records = load_prompt_dataset(cfg.eval_data, cfg.input_key, cfg.label_key, cfg.eval_split,
-                                                    cfg.eval_max_samples)
+            self.eval_records = load_eval_records(cfg.eval_data, cfg.input_key, cfg.label_key, cfg.eval_split,
+                                                  cfg.eval_max_samples)
             for agent in cfg.resolved_agents():
                 if (cfg.rollout_backend == "hf" and agent.zero_stage == 3 and agent.dp_size > 1
                         and len(self.eval_records) % agent.dp_size):
@@ -189,6 +189,8 @@ class HACPOController:
         """Train until ``max_steps`` or the end of the last episode; returns the per-step metric records."""
         self.setup()
         cfg = self.cfg
+        if self.evaluator is not None and cfg.eval_before_training and self.step == 0:
+            self.evaluate()
         while self.step < self.total_steps:
             records = self._guard(self.train_one_step, f"step {self.step + 1}")
             step = self.step

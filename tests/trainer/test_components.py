@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from openrlhf_hacpo.trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from openrlhf_hacpo.trainer.evaluation import pass_at_k
+from openrlhf_hacpo.reproduce.metrics import pass_at_k
 from openrlhf_hacpo.trainer.metrics import MetricsLogger, read_jsonl
 
 
