@@ -16,11 +16,10 @@
 # settings follow the official run (spec §3, Table 5): 128 prompts x G rollouts per agent and step, 512 rows per
 # update, lr 1e-6, KL 0.001 to the initial policy, capability window 5, responses up to 8196 tokens (the paper's
 # number for Tables 1, 2, 3 and 7), greedy validation on MATH-500 every 3 steps and before the first one.
-# Paths are variables; the defaults read what `python -m openrlhf_hacpo.cli.prepare --output_dir data/table1`
-# writes. Trainer flags after METHOD override the script's (argparse keeps the last value), e.g. --max_steps 6.
+# Paths are variables; the defaults read what `python -m openrlhf_hacpo.cli.prepare` writes. Trainer flags after METHOD override the script's (argparse keeps the last value), e.g. --max_steps 6.
 #
 #   MODEL_A / MODEL_B   the pair's models (hub ids or local folders)
-#   DATA_DIR            prepared data [data/table1]; PROMPT_DATA / EVAL_DATA override single files
+#   DATA_DIR            prepared data [${HACPO_CACHE_DIR:-.cache}/reproduce/data]; PROMPT_DATA / EVAL_DATA: single files
 #   SAVE_PATH           run folder [runs/table1/<PAIR>/<METHOD>]
 #   GENERATE_MAX_LEN    response length of rollouts and validation [8196]
 #
@@ -62,7 +61,7 @@ case "$METHOD" in
     *) echo "train_table1.sh: unknown method '$METHOD'" >&2; usage ;;
 esac
 
-DATA_DIR=${DATA_DIR:-data/table1}
+DATA_DIR=${DATA_DIR:-${HACPO_CACHE_DIR:-.cache}/reproduce/data}
 PROMPT_DATA=${PROMPT_DATA:-$DATA_DIR/math_train.jsonl}
 EVAL_DATA=${EVAL_DATA:-$DATA_DIR/math500.jsonl}
 SAVE_PATH=${SAVE_PATH:-runs/table1/$PAIR/$METHOD}

@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 
 from openrlhf_hacpo.data.prompts import PromptRecord, load_prompt_dataset
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
+from openrlhf_hacpo.reproduce.benchmarks import BENCHMARKS
 from openrlhf_hacpo.reproduce.metrics import benchmark_metrics
 from openrlhf_hacpo.utils.atomic import atomic_write_json, atomic_write_text
 
@@ -37,6 +38,8 @@ __all__ = ["RESULT_FORMAT", "EvalSettings", "Target", "Benchmark", "find_targets
            "evaluate_target"]
 
 RESULT_FORMAT = "openrlhf-hacpo/eval-result/1"
+SAMPLED_BENCHMARKS = {b.name: int(b.metric.split("@")[1]) for b in BENCHMARKS if (b.metric or "").startswith("best@")}
+"""The sets whose paper metric is best@k (AIME 2025: best@30), with their k."""
 GENERATIONS_SUFFIX = ".generations.jsonl"
 
 
@@ -62,7 +65,7 @@ class EvalSettings:
     backend: str = "vllm"
     prompt_max_len: int = 1024
     generate_max_len: int = 8196
-    sampled: dict[str, int] = field(default_factory=lambda: {"aime25": 30})
+    sampled: dict[str, int] = field(default_factory=lambda: dict(SAMPLED_BENCHMARKS))
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1

@@ -42,14 +42,15 @@ def _argv_of(tmp_path: Path, *args: str, env: dict | None = None) -> list[str]:
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("pair", PAIRS)
 def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, method):
-    cfg = build_config(_argv_of(tmp_path, pair, method))
+    cfg = build_config(_argv_of(tmp_path, pair, method, env={"HACPO_CACHE_DIR": "/c"}))
     models, alpha, delta, delta_step = PAIRS[pair]
     algorithm, samples, updates = METHODS[method]
     assert [a.pretrain for a in cfg.agents] == models
     assert cfg.algo.algorithm == algorithm
     assert cfg.n_samples_per_prompt == samples and cfg.updates_per_step == updates
     assert cfg.rollout_backend == "vllm" and cfg.reward_fn == "boxed_exact"
-    assert cfg.prompt_data == "data/table1/math_train.jsonl" and cfg.eval_data == "data/table1/math500.jsonl"
+    # the files `python -m openrlhf_hacpo.cli.prepare` writes by default
+    assert cfg.prompt_data == "/c/reproduce/data/math_train.jsonl" and cfg.eval_data == "/c/reproduce/data/math500.jsonl"
     assert cfg.eval_steps == 3 and cfg.eval_before_training
     assert cfg.generate_max_len == cfg.eval_generate_max_len == 8196 and cfg.prompt_max_len == 1024
     assert cfg.save_path == f"runs/table1/{pair}/{method}"
