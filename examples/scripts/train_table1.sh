@@ -12,6 +12,7 @@
 #           grpo     each agent alone, GRPO (token ratios, clip [0.8, 1.28])
 #           naive    shared rollouts, plain joint-mean advantage, GSPO clip on every row
 #
+# Agents are named as the paper names the models, so the evaluation command labels their results for the table.
 # Every agent gets 4 GPUs: 2 data-parallel policy workers (DeepSpeed ZeRO-3, bf16) and 2 vLLM engines (TP 1). The
 # settings follow the official run (spec §3, Table 5): 128 prompts x G rollouts per agent and step, 512 rows per
 # update, lr 1e-6, KL 0.001 to the initial policy, capability window 5, responses up to 8196 tokens (the paper's
@@ -37,14 +38,14 @@ DELTA=0.2
 DELTA_STEP=0.025
 case "$PAIR" in
     qwen3_1.7b_4b)
-        AGENT_A=qwen3_1.7b_base; MODEL_A=${MODEL_A:-Qwen/Qwen3-1.7B-Base}
-        AGENT_B=qwen3_4b_base; MODEL_B=${MODEL_B:-Qwen/Qwen3-4B-Base} ;;
+        AGENT_A=Qwen3-1.7B-Base; MODEL_A=${MODEL_A:-Qwen/Qwen3-1.7B-Base}
+        AGENT_B=Qwen3-4B-Base; MODEL_B=${MODEL_B:-Qwen/Qwen3-4B-Base} ;;
     qwen3_4b_llama3.2_3b)
-        AGENT_A=qwen3_4b_base; MODEL_A=${MODEL_A:-Qwen/Qwen3-4B-Base}
-        AGENT_B=llama3.2_3b_instruct; MODEL_B=${MODEL_B:-meta-llama/Llama-3.2-3B-Instruct} ;;
+        AGENT_A=Qwen3-4B-Base; MODEL_A=${MODEL_A:-Qwen/Qwen3-4B-Base}
+        AGENT_B=Llama-3.2-3B-Instruct; MODEL_B=${MODEL_B:-meta-llama/Llama-3.2-3B-Instruct} ;;
     qwen3_4b_instruct)
-        AGENT_A=qwen3_4b; MODEL_A=${MODEL_A:-Qwen/Qwen3-4B}
-        AGENT_B=qwen3_4b_instruct; MODEL_B=${MODEL_B:-Qwen/Qwen3-4B-Instruct-2507}
+        AGENT_A=Qwen3-4B; MODEL_A=${MODEL_A:-Qwen/Qwen3-4B}
+        AGENT_B=Qwen3-4B-Instruct; MODEL_B=${MODEL_B:-Qwen/Qwen3-4B-Instruct-2507}
         ALPHA=3.0
         DELTA_STEP=0.01 ;;
     *) echo "train_table1.sh: unknown pair '$PAIR'" >&2; usage ;;

@@ -6,8 +6,8 @@
 
 Greedy avg@1 on every file; the sets named by ``--sampled`` (default ``aime25:30``) also get k sampled responses per
 prompt for best@k (verl's bootstrap, the paper's number), its closed form, mean@k and pass@k. Writes
-``<output_dir>/<target>/<data_source>.json`` and ``<data_source>.generations.jsonl`` (see
-:mod:`openrlhf_hacpo.reproduce.evaluate`). ``--skip_existing`` leaves targets whose results are all present.
+``<output_dir>/<target>/<data_source>.json`` (a results file that ``python -m openrlhf_hacpo.cli.table --results
+<output_dir>`` reads) and ``<data_source>.generations.jsonl`` (see :mod:`openrlhf_hacpo.reproduce.evaluate`). ``--skip_existing`` leaves targets whose results are all present.
 """
 from __future__ import annotations
 
@@ -41,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", nargs="+", default=[], help="model folders or hub ids (base models, HF checkpoints)")
     p.add_argument("--run", nargs="+", default=[], help="run folders: every agent under <run>/hf/")
+    p.add_argument("--method", default=None,
+                   help="the runs' method in the table (HACPO, GSPO, GSPOx2, GRPO, Naive, ...) [from the launcher's "
+                   "runs/table1/<pair>/<method> layout]")
+    p.add_argument("--setting", default=None,
+                   help="the runs' pair in the table, e.g. qwen3-1.7b-base+qwen3-4b-base [from the launcher's layout "
+                   "or the agents' names]")
     p.add_argument("--data", nargs="+", required=True, help="prepared benchmark jsonl files")
     p.add_argument("--output_dir", required=True, help="results folder (<output_dir>/<target>/...)")
     p.add_argument("--max_samples", type=int, default=None, help="first N prompts of each file")
@@ -77,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             enable_thinking=args.enable_thinking, dtype=args.dtype, num_engines=args.vllm_num_engines,
             tensor_parallel_size=args.vllm_tensor_parallel_size,
             gpu_memory_utilization=args.vllm_gpu_memory_utilization, hf_batch_size=args.hf_batch_size)
-        targets = find_targets(args.model, args.run)
+        targets = find_targets(args.model, args.run, method=args.method, setting=args.setting)
         benchmarks = load_benchmarks(args.data, args.max_samples)
     except (ValueError, FileNotFoundError) as err:
         print(f"evaluate: error: {err}", file=sys.stderr)

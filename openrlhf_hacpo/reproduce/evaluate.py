@@ -15,8 +15,15 @@ A *target* is one model folder (or hub id): a base model, an HF checkpoint, or o
 4. responses are scored by the verifier (``boxed_exact`` reproduces the official reward).
 
 Outputs (atomic writes, one pair per benchmark as soon as it is done) under ``<output_dir>/<target>/``:
-``<data_source>.json`` (metrics, counts, settings, assumptions) and ``<data_source>.generations.jsonl`` (one line per
-response: prompt id, mode, text, token count, finish reason, reward).
+``<data_source>.json``, a results file of :mod:`openrlhf_hacpo.reproduce.results` (the table reads it: metric
+``mean@1`` = avg@1, or ``best@k``; every metric, counts, settings, assumptions) and
+``<data_source>.generations.jsonl`` (one line per response: prompt id, mode, text, token count, finish reason,
+reward).
+
+Every result carries the table's labels: the pair (``setting``), the ``method`` and the paper's name of the
+``model``. A base model is ``method`` ``base`` with no setting. A run laid out as the Table 1 launcher saves it
+(``runs/table1/<pair>/<method>/``, agents named as the paper names the models) is labelled from its path and agent
+names; other runs take ``method`` / ``setting`` from the caller.
 """
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ import hashlib
 import json
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -32,12 +39,22 @@ from openrlhf_hacpo.data.prompts import PromptRecord, load_prompt_dataset
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
 from openrlhf_hacpo.reproduce.benchmarks import BENCHMARKS
 from openrlhf_hacpo.reproduce.metrics import benchmark_metrics
-from openrlhf_hacpo.utils.atomic import atomic_write_json, atomic_write_text
+from openrlhf_hacpo.reproduce.paper_tables import (
+    HUB_MODEL_IDS,
+    METHODS,
+    MODEL,
+    PAPER_ROWS,
+    SETTINGS,
+    SIZE,
+    STATE,
+    paper_model_name,
+)
+from openrlhf_hacpo.reproduce.results import BenchmarkResult, write_results
+from openrlhf_hacpo.utils.atomic import atomic_write_text
 
-__all__ = ["RESULT_FORMAT", "EvalSettings", "Target", "Benchmark", "find_targets", "load_benchmarks",
+__all__ = ["LAUNCHER_METHODS", "LAUNCHER_PAIRS", "EvalSettings", "Target", "Benchmark", "find_targets", "load_benchmarks",
            "evaluate_target"]
 
-RESULT_FORMAT = "openrlhf-hacpo/eval-result/1"
 SAMPLED_BENCHMARKS = {b.name: int(b.metric.split("@")[1]) for b in BENCHMARKS if (b.metric or "").startswith("best@")}
 """The sets whose paper metric is best@k (AIME 2025: best@30), with their k."""
 GENERATIONS_SUFFIX = ".generations.jsonl"
@@ -94,23 +111,61 @@ class EvalSettings:
         if not self.temperature > 0:
             raise ValueError(f"EvalSettings.temperature must be > 0 for sampled sets, got {self.temperature}")
 
-    def assumptions(self, data_source: str) -> dict[str, Any]:
+    def assumptions(self, data_source: str) -> list[str]:
         """What the paper leaves open and this evaluation fixed, for one benchmark."""
         if data_source not in self.sampled:
-            return {}
-        return {"sampling": {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                             "n": self.sampled[data_source], "seed": self.seed,
-                             "why": "the paper states no sampling settings for best@k; these are training's"}}
+            return []
+        return [f"{data_source} sampling T={self.temperature}, top-p {self.top_p}, top-k {self.top_k}, "
+                f"n={self.sampled[data_source]}, seed {self.seed}: not stated by the paper (training's settings)"]
 
 
 @dataclass(frozen=True)
 class Target:
-    """One model to evaluate: ``name`` names its output folder; ``run`` / ``agent`` when it comes from a run."""
+    """One model to evaluate.
+
+    ``name`` names its output folder; ``run`` / ``agent`` when it comes from a run; ``setting`` / ``method`` /
+    ``model`` label its results for the table (:mod:`openrlhf_hacpo.reproduce.results`).
+    """
 
     name: str
     path: str
+    model: str
+    method: str = "base"
+    setting: str | None = None
     run: str | None = None
     agent: str | None = None
+
+
+LAUNCHER_PAIRS = {"qwen3_1.7b_4b": SIZE, "qwen3_4b_llama3.2_3b": MODEL, "qwen3_4b_instruct": STATE}
+"""``examples/scripts/train_table1.sh`` pair names -> the table's setting keys."""
+LAUNCHER_METHODS = {"hacpo": "HACPO", "gspo": "GSPO", "gspo_x2": "GSPOx2", "grpo": "GRPO", "naive": "Naive"}
+"""``examples/scripts/train_table1.sh`` method names -> the table's methods."""
+
+
+def _paper_name(path_or_id: str, fallback: str) -> str:
+    """The paper's name of a model given by its paper name, hub id or a folder named after either; else ``fallback``."""
+    if path_or_id in HUB_MODEL_IDS:
+        return path_or_id
+    try:
+        return paper_model_name(path_or_id)
+    except ValueError:
+        return fallback
+
+
+def _run_labels(run: Path, agents: Sequence[str], method: str | None, setting: str | None) -> tuple[str, str | None]:
+    """(method, setting) of a run: given, else from the launcher's ``<pair>/<method>`` layout or the agents' names."""
+    method = method or LAUNCHER_METHODS.get(run.name)
+    if method is None:
+        raise ValueError(f"run folder {run}: give --method (one of {', '.join(METHODS)}); the folder is not laid "
+                         "out as runs/table1/<pair>/<method>")
+    if method not in METHODS:
+        raise ValueError(f"--method {method!r} is not one of {', '.join(METHODS)}")
+    if setting is None:
+        setting = LAUNCHER_PAIRS.get(run.parent.name)
+    if setting is None:
+        models = {_paper_name(a, a) for a in agents}
+        setting = next((s for s in SETTINGS if {r.model for r in PAPER_ROWS if r.setting == s} == models), None)
+    return method, setting
 
 
 @dataclass(frozen=True)
@@ -123,22 +178,28 @@ class Benchmark:
     records: list[PromptRecord]
 
 
-def find_targets(models: Sequence[str] = (), runs: Sequence[str] = ()) -> list[Target]:
-    """Targets of model folders / hub ids and of run folders (every agent under ``<run>/hf/``)."""
+def find_targets(models: Sequence[str] = (), runs: Sequence[str] = (), method: str | None = None,
+                 setting: str | None = None) -> list[Target]:
+    """Targets of model folders / hub ids (method ``base``) and of run folders (every agent under ``<run>/hf/``;
+    ``method`` / ``setting`` label the runs, see the module docstring)."""
     targets = []
     for model in models:
         path = Path(model).expanduser()
         name = path.name if path.exists() else str(model).replace("/", "__")
-        targets.append(Target(name=name, path=str(path) if path.exists() else str(model)))
+        targets.append(Target(name=name, path=str(path) if path.exists() else str(model),
+                              model=_paper_name(str(model), name)))
     for run in runs:
         hf = Path(run).expanduser() / "hf"
         agents = sorted(p for p in hf.iterdir() if (p / "config.json").is_file()) if hf.is_dir() else []
         if not agents:
             raise FileNotFoundError(f"run folder {run}: no agent checkpoints under {hf} (hf/<agent>/config.json); "
                                     "was the run saved with --no_save_hf or not finished?")
+        run_method, run_setting = _run_labels(Path(run).expanduser().resolve(), [a.name for a in agents], method,
+                                              setting)
         for agent in agents:
-            targets.append(Target(name=f"{Path(run).name}__{agent.name}", path=str(agent), run=str(run),
-                                  agent=agent.name))
+            targets.append(Target(name=f"{Path(run).name}__{agent.name}", path=str(agent),
+                                  model=_paper_name(agent.name, agent.name), method=run_method, setting=run_setting,
+                                  run=str(run), agent=agent.name))
     names = [t.name for t in targets]
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
@@ -196,8 +257,24 @@ def _generation_line(target: Target, bench: Benchmark, record: PromptRecord, mod
             "response": out.response_text}
 
 
+def _result_settings(settings: EvalSettings, target: Target, bench: Benchmark, k: int | None, dropped: list[str],
+                     tokens: dict[str, float], seconds: float) -> dict[str, Any]:
+    """The settings block of a result: decoding, lengths, backend, provenance of model and data, assumptions."""
+    out: dict[str, Any] = {"decoding": "greedy" if k is None else "greedy + sampled",
+                           "max_new_tokens": settings.generate_max_len, "prompt_max_len": settings.prompt_max_len,
+                           "backend": settings.backend, "dtype": settings.dtype, "model_path": target.path,
+                           "data_file": bench.file, "data_sha256": bench.sha256,
+                           "dropped_prompts": len(dropped), "dropped_prompt_ids": ",".join(dropped),
+                           "generations_file": f"{bench.data_source}{GENERATIONS_SUFFIX}", "seconds": seconds,
+                           **tokens}
+    if k is not None:
+        out.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k, seed=settings.seed)
+    out["assumptions"] = settings.assumptions(bench.data_source)
+    return out
+
+
 def evaluate_target(target: Target, benchmarks: Sequence[Benchmark], settings: EvalSettings, output_dir: str | Path,
-                    generator: Any | None = None, log: Callable[[str], None] = print) -> dict[str, dict[str, Any]]:
+                    generator: Any | None = None, log: Callable[[str], None] = print) -> dict[str, BenchmarkResult]:
     """Evaluate one target on every benchmark; write ``<output_dir>/<target>/``; return data_source -> result.
 
     ``generator`` (a :mod:`~openrlhf_hacpo.reproduce.generation` backend) is built from ``settings`` when None and
@@ -220,7 +297,7 @@ def evaluate_target(target: Target, benchmarks: Sequence[Benchmark], settings: E
                                    hf_batch_size=settings.hf_batch_size)
     runner = RewardRunner(settings.reward_fn)
     greedy = SamplingConfig(n=1, greedy=True, max_new_tokens=settings.generate_max_len)
-    results: dict[str, dict[str, Any]] = {}
+    results: dict[str, BenchmarkResult] = {}
     try:
         for bench in benchmarks:
             t0 = time.perf_counter()
@@ -254,39 +331,20 @@ def evaluate_target(target: Target, benchmarks: Sequence[Benchmark], settings: E
                     per_prompt[record.prompt_id].append(float(reward))
                     lines.append(_generation_line(target, bench, record, mode, o, len(prompt_ids[o.prompt_index]),
                                                   float(reward)))
-                summary = benchmark_metrics(bench.data_source, dict(per_prompt))
-                if mode == "greedy":
-                    metrics["avg@1"] = summary.mean_at_n
-                else:
-                    metrics.update(summary.named())
-                tokens[mode] = sum(o.num_tokens for o in outputs) / len(outputs)
-            headline = f"best@{k}" if k is not None else "avg@1"
-            result = {
-                "format": RESULT_FORMAT,
-                "target": target.name,
-                "model_path": target.path,
-                "run": target.run,
-                "agent": target.agent,
-                "data_source": bench.data_source,
-                "data_file": bench.file,
-                "data_sha256": bench.sha256,
-                "metric": headline,
-                "value": metrics[headline],
-                "metrics": metrics,
-                "num_prompts": len(records),
-                "dropped_prompt_ids": dropped,
-                "mean_response_tokens": tokens,
-                "settings": {**asdict(settings), "sampled": dict(settings.sampled)},
-                "assumptions": settings.assumptions(bench.data_source),
-                "generations_file": f"{bench.data_source}{GENERATIONS_SUFFIX}",
-                "seconds": time.perf_counter() - t0,
-            }
+                metrics.update(benchmark_metrics(bench.data_source, dict(per_prompt)).named())
+                tokens[f"mean_response_tokens/{mode}"] = sum(o.num_tokens for o in outputs) / len(outputs)
+            metric = f"best@{k}" if k is not None else "mean@1"
+            result = BenchmarkResult(
+                run=target.run or target.path, setting=target.setting, method=target.method, model=target.model,
+                benchmark=bench.data_source, metric=metric, value=metrics[metric], n=k or 1,
+                num_prompts=len(records), verifier=settings.reward_fn, metrics=metrics,
+                settings=_result_settings(settings, target, bench, k, dropped, tokens, time.perf_counter() - t0))
             atomic_write_text(out_dir / f"{bench.data_source}{GENERATIONS_SUFFIX}",
                               "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
-            atomic_write_json(out_dir / f"{bench.data_source}.json", result)
+            write_results(out_dir / f"{bench.data_source}.json", [result])
             results[bench.data_source] = result
-            log(f"[evaluate] {target.name} {bench.data_source}: {headline} {metrics[headline]:.4f} on "
-                f"{len(records)} prompts ({len(dropped)} dropped, {result['seconds']:.1f}s)")
+            log(f"[evaluate] {target.name} {bench.data_source}: {metric} {result.value:.4f} on {len(records)} prompts "
+                f"({len(dropped)} dropped, {result.settings['seconds']:.1f}s)")
     finally:
         runner.close()
         if own_generator:

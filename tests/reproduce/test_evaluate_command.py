@@ -9,6 +9,7 @@ import pytest
 from openrlhf_hacpo.cli.evaluate import main, parse_sampled
 from openrlhf_hacpo.engines.base import GenerationOutput
 from openrlhf_hacpo.reproduce.evaluate import EvalSettings, Target, evaluate_target, find_targets, load_benchmarks
+from openrlhf_hacpo.reproduce.results import read_results
 
 
 @pytest.fixture(scope="module")
@@ -62,20 +63,21 @@ def test_greedy_and_sampled_metrics_match_hand_values(tmp_path, tokenizer_dir):
     results = {}
     for bench in benches:  # one benchmark at a time so the script knows which labels apply
         current["source"] = bench.data_source
-        results.update(evaluate_target(Target("m", tokenizer_dir), [bench], settings, tmp_path / "out", gen,
-                                       log=lambda _: None))
+        results.update(evaluate_target(Target("m", tokenizer_dir, model="Qwen3-4B-Base"), [bench], settings,
+                                       tmp_path / "out", gen, log=lambda _: None))
     a, m = results["aime25"], results["math500"]
-    assert a["metric"] == "best@4" and m["metric"] == "avg@1"
-    assert a["metrics"]["avg@1"] == pytest.approx(2 / 3)
-    assert a["metrics"]["mean@4"] == pytest.approx((0 + 1 / 4 + 1) / 3)
-    assert a["metrics"]["pass@4"] == pytest.approx(2 / 3)  # any of 4 right: prompts 2 and 3
+    assert (a.metric, a.n, m.metric, m.n) == ("best@4", 4, "mean@1", 1)
+    assert (a.method, a.setting, a.model, a.verifier) == ("base", None, "Qwen3-4B-Base", "boxed_exact")
+    assert a.metrics["mean@1"] == pytest.approx(2 / 3)
+    assert a.metrics["mean@4"] == pytest.approx((0 + 1 / 4 + 1) / 3)
+    assert a.metrics["pass@4"] == pytest.approx(2 / 3)  # any of 4 right: prompts 2 and 3
     expected = (0 + (1 - (3 / 4) ** 4) + 1) / 3  # 1 - (1 - c/n)^k per prompt
-    assert a["metrics"]["best@4/expected"] == pytest.approx(expected)
-    assert a["value"] == a["metrics"]["best@4"] == pytest.approx(expected, abs=0.05)  # 1,000 bootstrap draws
-    assert a["assumptions"]["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "n": 4, "seed": 3,
-                                            "why": a["assumptions"]["sampling"]["why"]}
-    assert m["value"] == 0.5 and m["num_prompts"] == 2 and m["dropped_prompt_ids"] == ["math500:1"]
-    assert m["assumptions"] == {} and m["data_sha256"] and m["settings"]["generate_max_len"] == 16
+    assert a.metrics["best@4/expected"] == pytest.approx(expected)
+    assert a.value == a.metrics["best@4"] == pytest.approx(expected, abs=0.05)  # 1,000 bootstrap draws
+    assert (a.settings["temperature"], a.settings["top_p"], a.settings["seed"]) == (1.0, 1.0, 3)
+    assert "not stated by the paper" in a.settings["assumptions"][0]
+    assert m.value == 0.5 and m.num_prompts == 2 and m.settings["dropped_prompt_ids"] == "math500:1"
+    assert m.settings["assumptions"] == [] and m.settings["max_new_tokens"] == 16 and "temperature" not in m.settings
     # greedy then sampled on AIME, greedy only on MATH-500 (2 kept prompts), each with the configured length
     assert [(n, s.n, s.is_greedy, s.max_new_tokens) for n, s in gen.calls] == [
         (3, 1, True, 16), (3, 4, False, 16), (2, 1, True, 16)]
@@ -83,21 +85,44 @@ def test_greedy_and_sampled_metrics_match_hand_values(tmp_path, tokenizer_dir):
     lines = [json.loads(x) for x in (tmp_path / "out" / "m" / "aime25.generations.jsonl").read_text().splitlines()]
     assert len(lines) == 3 + 12 and sum(x["mode"] == "sampled" for x in lines) == 12
     assert sum(x["reward"] for x in lines if x["mode"] == "sampled") == sum(correct_samples)
-    assert json.loads((tmp_path / "out" / "m" / "math500.json").read_text()) == m
+    assert read_results([tmp_path / "out"]) == [a, m]  # what the table reads
+
+
+def _run(root, *agents):
+    for agent in agents:
+        (root / "hf" / agent).mkdir(parents=True)
+        (root / "hf" / agent / "config.json").write_text("{}")
+    return str(root)
 
 
 def test_targets_of_models_and_runs(tmp_path):
-    for agent in ("qwen", "llama"):
-        (tmp_path / "run1" / "hf" / agent).mkdir(parents=True)
-        (tmp_path / "run1" / "hf" / agent / "config.json").write_text("{}")
+    run1 = _run(tmp_path / "run1", "qwen", "llama")
     (tmp_path / "base").mkdir()
-    targets = find_targets([str(tmp_path / "base"), "Org/Model"], [str(tmp_path / "run1")])
-    assert [(t.name, t.agent) for t in targets] == [("base", None), ("Org__Model", None), ("run1__llama", "llama"),
-                                                     ("run1__qwen", "qwen")]
+    targets = find_targets([str(tmp_path / "base"), "Qwen/Qwen3-4B-Base"], [run1], method="GSPO")
+    assert [(t.name, t.agent, t.model, t.method, t.setting) for t in targets] == [
+        ("base", None, "base", "base", None), ("Qwen__Qwen3-4B-Base", None, "Qwen3-4B-Base", "base", None),
+        ("run1__llama", "llama", "llama", "GSPO", None), ("run1__qwen", "qwen", "qwen", "GSPO", None)]
     assert targets[2].path == str(tmp_path / "run1" / "hf" / "llama")
+    with pytest.raises(ValueError, match=r"give --method"):
+        find_targets([], [run1])
+    with pytest.raises(ValueError, match=r"--method 'PPO' is not one of"):
+        find_targets([], [run1], method="PPO")
     with pytest.raises(FileNotFoundError, match=r"run folder .*empty.*no agent checkpoints"):
         (tmp_path / "empty").mkdir()
         find_targets([], [str(tmp_path / "empty")])
+    with pytest.raises(ValueError, match="same output folder"):
+        find_targets([str(tmp_path / "base"), str(tmp_path / "base")])
+
+
+def test_runs_of_the_launcher_layout_are_labelled_for_the_table(tmp_path):
+    """runs/table1/<pair>/<method>/ with agents named as the paper names the models (train_table1.sh)."""
+    run = _run(tmp_path / "table1" / "qwen3_4b_llama3.2_3b" / "gspo_x2", "Qwen3-4B-Base", "Llama-3.2-3B-Instruct")
+    targets = find_targets([], [run])
+    assert [(t.model, t.method, t.setting) for t in targets] == [
+        ("Llama-3.2-3B-Instruct", "GSPOx2", "qwen3-4b-base+llama3.2-3b-instruct"),
+        ("Qwen3-4B-Base", "GSPOx2", "qwen3-4b-base+llama3.2-3b-instruct")]
+    elsewhere = _run(tmp_path / "mine", "Qwen3-4B", "Qwen3-4B-Instruct")  # the setting from the agents' names
+    assert {t.setting for t in find_targets([], [elsewhere], method="HACPO")} == {"qwen3-4b+qwen3-4b-instruct"}
     with pytest.raises(ValueError, match="same output folder"):
         find_targets([str(tmp_path / "base"), str(tmp_path / "base")])
 

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from openrlhf_hacpo.cli.train_hacpo import build_config
+from openrlhf_hacpo.reproduce.evaluate import LAUNCHER_METHODS, LAUNCHER_PAIRS
+from openrlhf_hacpo.reproduce.paper_tables import paper_model_name
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "examples" / "scripts"
 PAIRS = {  # pair -> (agent models, alpha, delta, delta_step) as Table 1 / Table 5 give them
@@ -46,6 +48,7 @@ def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, me
     models, alpha, delta, delta_step = PAIRS[pair]
     algorithm, samples, updates = METHODS[method]
     assert [a.pretrain for a in cfg.agents] == models
+    assert [a.name for a in cfg.agents] == [paper_model_name(m) for m in models]  # labels of the evaluation
     assert cfg.algo.algorithm == algorithm
     assert cfg.n_samples_per_prompt == samples and cfg.updates_per_step == updates
     assert cfg.rollout_backend == "vllm" and cfg.reward_fn == "boxed_exact"
@@ -60,6 +63,10 @@ def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, me
         assert (cfg.algo.loss.eps_low, cfg.algo.loss.eps_high) == (3e-4, 4e-4)
     if algorithm == "hacpo":
         assert (cfg.algo.loss.alpha, cfg.algo.loss.delta, cfg.algo.loss.delta_step) == (alpha, delta, delta_step)
+
+
+def test_the_evaluation_knows_every_pair_and_method():
+    assert set(LAUNCHER_PAIRS) == set(PAIRS) and set(LAUNCHER_METHODS) == set(METHODS)
 
 
 def test_variables_and_trailing_flags_override(tmp_path):
