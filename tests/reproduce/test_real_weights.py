@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from openrlhf_hacpo.reproduce.results import read_results
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("gguf", "champ_dataset")),
@@ -78,11 +80,15 @@ def test_prepare_evaluate_with_both_backends_and_table(tmp_path, smollm2):
     assert all(x["response"].strip() for x in hf)  # a real model writes text, not padding
     sampled = _generations(tmp_path / "vllm" / name, "sampled")
     assert len(sampled) == 4 * MAX_PROMPTS
-    result = json.loads((tmp_path / "vllm" / name / "champ.json").read_text())
-    assert result["metric"] == "best@4" and result["num_prompts"] == MAX_PROMPTS
-    assert result["metrics"]["mean@4"] == pytest.approx(sum(x["reward"] for x in sampled) / len(sampled))
-    assert json.loads((tmp_path / "hf" / name / "champ.json").read_text())["metrics"]["avg@1"] == pytest.approx(
-        sum(x["reward"] for x in hf) / MAX_PROMPTS)
+    (on_hf,), (on_vllm,) = read_results([tmp_path / "hf"]), read_results([tmp_path / "vllm"])
+    assert (on_vllm.metric, on_vllm.n, on_vllm.num_prompts, on_vllm.method) == ("best@4", 4, MAX_PROMPTS, "base")
+    assert on_vllm.metrics["mean@4"] == pytest.approx(sum(x["reward"] for x in sampled) / len(sampled))
+    assert on_hf.value == on_vllm.metrics["mean@1"] == pytest.approx(sum(x["reward"] for x in hf) / MAX_PROMPTS)
+
+    printed = _python("-m", "openrlhf_hacpo.cli.table", "--results", str(tmp_path / "hf"), str(tmp_path / "vllm"),
+                      "--output_dir", str(tmp_path / "table"), cwd=tmp_path).stdout
+    assert "champ" in printed and name in printed  # outside the paper's tables, listed apart
+    assert "champ" in (tmp_path / "table" / "table.md").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -122,8 +128,9 @@ def test_two_step_hacpo_run_of_smollm2_with_a_zoo_agent(tmp_path, smollm2, zoo_a
     assert all(r["updates"] == 1 for r in steps)
 
     _python("-m", "openrlhf_hacpo.cli.evaluate", "--run", str(run), "--data", str(prompts), "--backend", "hf",
-            "--reward_fn", "arithmetic", "--sampled", "none", "--generate_max_len", "8", "--dtype", "float32",
+            "--method", "HACPO", "--reward_fn", "arithmetic", "--sampled", "none", "--generate_max_len", "8", "--dtype", "float32",
             "--output_dir", str(tmp_path / "eval"), cwd=tmp_path)
     for agent in ("llamaS", "smollm2"):
-        result = json.loads((tmp_path / "eval" / f"run__{agent}" / "arith.json").read_text())
-        assert result["agent"] == agent and result["num_prompts"] == 4 and result["metric"] == "avg@1"
+        (result,) = read_results([tmp_path / "eval" / f"run__{agent}" / "arith.json"])
+        assert (result.model, result.method, result.num_prompts, result.metric) == (agent, "HACPO", 4, "mean@1")
+        assert result.settings["model_path"] == str(run / "hf" / agent)
