@@ -90,3 +90,20 @@ def test_run_evaluates_before_the_first_step_on_every_file(tmp_path, tiny_agents
     for rec in evals:
         assert rec["num_prompts"] == 9
         assert {"accuracy/train", "accuracy/extra"} <= set(rec)
+
+
+@pytest.mark.parametrize("eval_len, expected", [(None, 64 + 16), (8, 64 + 16), (48, 64 + 48)])
+def test_vllm_engines_have_room_for_the_longer_evaluation_responses(monkeypatch, eval_len, expected):
+    """max_model_len = prompt_max_len + max(generate_max_len, eval_generate_max_len): no silent cap of eval length."""
+    import openrlhf_hacpo.engines.vllm_engine as vllm_engine
+    from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+
+    seen = {}
+    monkeypatch.setattr(vllm_engine, "create_vllm_engines", lambda *a, **kw: seen.update(kw) or [])
+    cfg = TrainConfig(agents=[AgentConfig("a", "/m/a")], prompt_data="d.jsonl", rollout_backend="vllm",
+                      vllm_num_engines=1, prompt_max_len=64, generate_max_len=16, eval_data="e.jsonl",
+                      eval_generate_max_len=eval_len, rollout_batch_size=2, n_samples_per_prompt=2,
+                      train_batch_size=4, micro_train_batch_size=2)
+    AgentGroup(cfg, 0, total_updates=1)._create_engines()
+    assert seen["max_model_len"] == expected
