@@ -7,7 +7,8 @@
 Greedy avg@1 on every file; the sets named by ``--sampled`` (default ``aime25:30``) also get k sampled responses per
 prompt for best@k (verl's bootstrap, the paper's number), its closed form, mean@k and pass@k. Writes
 ``<output_dir>/<target>/<data_source>.json`` (a results file that ``python -m openrlhf_hacpo.cli.table --results
-<output_dir>`` reads) and ``<data_source>.generations.jsonl`` (see :mod:`openrlhf_hacpo.reproduce.evaluate`). ``--skip_existing`` leaves targets whose results are all present.
+<output_dir>`` reads) and ``<data_source>.generations.jsonl`` (see :mod:`openrlhf_hacpo.reproduce.evaluate`).
+``--skip_existing`` leaves targets whose results are all present.
 """
 from __future__ import annotations
 

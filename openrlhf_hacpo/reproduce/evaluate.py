@@ -52,8 +52,8 @@ from openrlhf_hacpo.reproduce.paper_tables import (
 from openrlhf_hacpo.reproduce.results import BenchmarkResult, write_results
 from openrlhf_hacpo.utils.atomic import atomic_write_text
 
-__all__ = ["LAUNCHER_METHODS", "LAUNCHER_PAIRS", "EvalSettings", "Target", "Benchmark", "find_targets", "load_benchmarks",
-           "evaluate_target"]
+__all__ = ["LAUNCHER_METHODS", "LAUNCHER_PAIRS", "SAMPLED_BENCHMARKS", "EvalSettings", "Target", "Benchmark",
+           "find_targets", "load_benchmarks", "evaluate_target"]
 
 SAMPLED_BENCHMARKS = {b.name: int(b.metric.split("@")[1]) for b in BENCHMARKS if (b.metric or "").startswith("best@")}
 """The sets whose paper metric is best@k (AIME 2025: best@30), with their k."""
@@ -107,7 +107,8 @@ class EvalSettings:
                 raise ValueError(f"EvalSettings.{name} must be a positive int, got {value!r}")
         for source, k in self.sampled.items():
             if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-                raise ValueError(f"EvalSettings.sampled[{source!r}] must be an int >= 2 (samples per prompt), got {k!r}")
+                raise ValueError(f"EvalSettings.sampled[{source!r}] must be an int >= 2 (samples per prompt), "
+                                 f"got {k!r}")
         if not self.temperature > 0:
             raise ValueError(f"EvalSettings.temperature must be > 0 for sampled sets, got {self.temperature}")
 
@@ -228,7 +229,8 @@ def load_benchmarks(files: Sequence[str], max_samples: int | None = None) -> lis
             if record.label is None or record.label == "":
                 raise ValueError(f"{name}: prompt {record.prompt_id!r} has an empty label")
             if record.prompt_id in seen_ids:
-                raise ValueError(f"{name}: prompt_id {record.prompt_id!r} also occurs in {seen_ids[record.prompt_id]}")
+                raise ValueError(f"{name}: prompt_id {record.prompt_id!r} also occurs in "
+                                 f"{seen_ids[record.prompt_id]}")
             seen_ids[record.prompt_id] = name
             groups[str(record.metadata.get("data_source") or path.stem)].append(record)
         for source, records in groups.items():
@@ -238,7 +240,8 @@ def load_benchmarks(files: Sequence[str], max_samples: int | None = None) -> lis
     return list(by_source.values())
 
 
-def _render(records: Sequence[PromptRecord], tokenizer: Any, settings: EvalSettings) -> tuple[list[str], list[list[int]]]:
+def _render(records: Sequence[PromptRecord], tokenizer: Any,
+            settings: EvalSettings) -> tuple[list[str], list[list[int]]]:
     """Prompt texts (what reward files see) and untruncated prompt ids, in the target's own rendering."""
     from openrlhf_hacpo.rollout.views import LearnerViewConfig, render_prompt_ids, render_prompt_text
 

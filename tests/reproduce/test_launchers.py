@@ -53,7 +53,8 @@ def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, me
     assert cfg.n_samples_per_prompt == samples and cfg.updates_per_step == updates
     assert cfg.rollout_backend == "vllm" and cfg.reward_fn == "boxed_exact"
     # the files `python -m openrlhf_hacpo.cli.prepare` writes by default
-    assert cfg.prompt_data == "/c/reproduce/data/math_train.jsonl" and cfg.eval_data == "/c/reproduce/data/math500.jsonl"
+    assert cfg.prompt_data == "/c/reproduce/data/math_train.jsonl"
+    assert cfg.eval_data == "/c/reproduce/data/math500.jsonl"
     assert cfg.eval_steps == 3 and cfg.eval_before_training
     assert cfg.generate_max_len == cfg.eval_generate_max_len == 8196 and cfg.prompt_max_len == 1024
     assert cfg.save_path == f"runs/table1/{pair}/{method}"

@@ -130,8 +130,8 @@ def test_two_step_hacpo_run_of_smollm2_with_a_zoo_agent(tmp_path, smollm2, zoo_a
     assert all(r["updates"] == 1 for r in steps)
 
     _python("-m", "openrlhf_hacpo.cli.evaluate", "--run", str(run), "--data", str(prompts), "--backend", "hf",
-            "--method", "HACPO", "--reward_fn", "arithmetic", "--sampled", "none", "--generate_max_len", "8", "--dtype", "float32",
-            "--output_dir", str(tmp_path / "eval"), cwd=tmp_path)
+            "--method", "HACPO", "--reward_fn", "arithmetic", "--sampled", "none", "--generate_max_len", "8",
+            "--dtype", "float32", "--output_dir", str(tmp_path / "eval"), cwd=tmp_path)
     for agent in ("llamaS", "smollm2"):
         (result,) = read_results([tmp_path / "eval" / f"run__{agent}" / "arith.json"])
         assert (result.model, result.method, result.num_prompts, result.metric) == (agent, "HACPO", 4, "mean@1")
