@@ -15,12 +15,15 @@
 # Agents are named as the paper names the models, so the evaluation command labels their results for the table.
 # Every agent gets 4 GPUs: 2 data-parallel policy workers (DeepSpeed ZeRO-3, bf16) and 2 vLLM engines (TP 1). The
 # settings follow the official run (spec §3, Table 5): 128 prompts x G rollouts per agent and step, 512 rows per
-# update, lr 1e-6, KL 0.001 to the initial policy, capability window 5, responses up to 8196 tokens (the paper's
+# update, lr 1e-6, KL 0.001 to the initial policy, HACPO's capability window 5, responses up to 8196 tokens (the paper's
 # number for Tables 1, 2, 3 and 7), greedy validation on MATH-500 every 3 steps and before the first one.
-# Paths are variables; the defaults read what `python -m openrlhf_hacpo.cli.prepare` writes. Trainer flags after METHOD override the script's (argparse keeps the last value), e.g. --max_steps 6.
+# Paths are variables; the defaults read what `python -m openrlhf_hacpo.cli.prepare` writes. Trainer flags after
+# METHOD override the script's (argparse keeps the last value), e.g. --max_steps 6.
 #
 #   MODEL_A / MODEL_B   the pair's models (hub ids or local folders)
-#   DATA_DIR            prepared data [${HACPO_CACHE_DIR:-.cache}/reproduce/data]; PROMPT_DATA / EVAL_DATA: single files
+#   DATA_DIR            prepared data [${HACPO_CACHE_DIR:-.cache}/reproduce/data]
+#   PROMPT_DATA         training prompts [$DATA_DIR/math_train.jsonl]
+#   EVAL_DATA           validation prompts [$DATA_DIR/math500.jsonl]
 #   SAVE_PATH           run folder [runs/table1/<PAIR>/<METHOD>]
 #   GENERATE_MAX_LEN    response length of rollouts and validation [8196]
 #
