@@ -6,6 +6,10 @@
   config, split, fields, label rule, expected rows);
 * :mod:`~openrlhf_hacpo.reproduce.prepare`: rows from the hub or a local folder to prompt jsonl files and a manifest;
 * :mod:`~openrlhf_hacpo.reproduce.paper_tables`: Tables 1, 2, 3 and 7 of the paper as data;
+* :mod:`~openrlhf_hacpo.reproduce.generation`: the evaluation's backends, data-parallel vLLM engines or
+  transformers generate;
+* :mod:`~openrlhf_hacpo.reproduce.evaluate`: models or every agent of a run on benchmark files, greedy avg@1 and
+  sampled best@k, written as results files and generations;
 * :mod:`~openrlhf_hacpo.reproduce.results`: the per-benchmark results JSON that evaluation writes;
 * :mod:`~openrlhf_hacpo.reproduce.table`: reproduced values next to the paper's, as markdown and a plot.
 """
