@@ -36,6 +36,7 @@ from openrlhf_hacpo.algorithms import compute_advantages, get_policy_loss
 from openrlhf_hacpo.algorithms.losses import PolicyLossInput
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig, derive_seed
 from openrlhf_hacpo.models import response_logprobs, score_rows
+from openrlhf_hacpo.utils.partition import split_evenly
 from openrlhf_hacpo.rollout import (
     LearnerBatch,
     LearnerViewConfig,
@@ -157,16 +158,6 @@ def _grouped_parameters(model: torch.nn.Module, weight_decay: float) -> list[dic
         (no_decay if ndim < 2 or name.endswith(".bias") else decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
-
-
-def _balanced_slices(n: int, parts: int) -> list[range]:
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for i in range(parts):
-        size = base + (1 if i < extra else 0)
-        out.append(range(start, start + size))
-        start += size
-    return out
 
 
 def _free_port() -> int:
@@ -501,7 +492,7 @@ class PolicyWorker:
 
     def _my_share(self, minibatch: LearnerBatch) -> LearnerBatch:
         """This rank's contiguous share of a global mini-batch (v1's data-parallel dispatch)."""
-        return minibatch.select(_balanced_slices(len(minibatch), self.world_size)[self.rank])
+        return minibatch.select(split_evenly(len(minibatch), self.world_size)[self.rank])
 
     def _reference_logprobs(self, plan: list[LearnerBatch]) -> dict[int, list[float]]:
         """Reference log-probs of this rank's own rows (the KL term covers own rows only), by row index."""

@@ -14,8 +14,9 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig, derive_seed
+from openrlhf_hacpo.utils.partition import split_evenly
 
-__all__ = ["BACKENDS", "Generator", "HFGenerator", "VLLMGenerator", "make_generator", "split_evenly"]
+__all__ = ["BACKENDS", "Generator", "HFGenerator", "VLLMGenerator", "make_generator"]
 
 BACKENDS = ("vllm", "hf")
 _DTYPES = ("bfloat16", "float16", "float32")
@@ -25,17 +26,6 @@ class Generator(Protocol):
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[GenerationOutput]: ...
 
     def close(self) -> None: ...
-
-
-def split_evenly(count: int, parts: int) -> list[range]:
-    """``count`` items in ``parts`` contiguous ranges whose sizes differ by at most one (the first ones larger)."""
-    base, extra = divmod(count, parts)
-    out, start = [], 0
-    for i in range(parts):
-        size = base + (1 if i < extra else 0)
-        out.append(range(start, start + size))
-        start += size
-    return out
 
 
 class HFGenerator:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from openrlhf_hacpo.rollout.trajectory import EOS_POLICIES, Prompt, Trajectory
+from openrlhf_hacpo.utils.partition import split_evenly
 
 __all__ = [
     "LearnerBatch",
@@ -225,13 +226,7 @@ build_learner_rows = build_learner_batch
 # ------------------------------------------------------------------------------------------------------ batch
 def _balanced_chunks(items: list[int], num: int) -> list[list[int]]:
     """Split into ``num`` contiguous chunks whose sizes differ by at most one (larger chunks first)."""
-    base, extra = divmod(len(items), num)
-    out, start = [], 0
-    for i in range(num):
-        size = base + (1 if i < extra else 0)
-        out.append(items[start : start + size])
-        start += size
-    return out
+    return [items[r.start:r.stop] for r in split_evenly(len(items), num)]
 
 
 @dataclass
