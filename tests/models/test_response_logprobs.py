@@ -2,7 +2,7 @@
 
 The reference runs the same model in float64 with ``output_hidden_states`` and takes
 ``log_softmax((h W^T + b) / T)`` of the whole vocabulary at every response position, written out here (not through
-the project's kernels). Covered: Llama and Qwen3, tied and untied heads, a head with a bias, fp32 and bf16,
+the project's kernels). Covered: Llama, Qwen2 and Qwen3, tied and untied heads, a head with a bias, fp32 and bf16,
 temperatures, ragged prompt and response lengths, gradients (fused against the full-logits path), gradient
 checkpointing, the fallback for heads that are not a plain linear map, and ZeRO-3 with 2 ranks on gloo.
 """
@@ -18,7 +18,7 @@ import sys
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from openrlhf_hacpo.models import response_logprobs, rows_to_batch
 
@@ -29,7 +29,7 @@ RESPONSES = [[20, 21, 22, 23], [30], [40, 41], [50, 51, 52, 53, 54, 55]]
 
 
 def tiny_model(family: str, tied: bool, bias: bool = False, seed: int = 0) -> torch.nn.Module:
-    cls = LlamaConfig if family == "llama" else Qwen3Config
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[family]
     config = cls(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=16, max_position_embeddings=64, tie_word_embeddings=tied)
     torch.manual_seed(seed)
@@ -67,7 +67,7 @@ def reference(model: torch.nn.Module, padded, temperature: float) -> tuple[torch
 
 
 @pytest.mark.parametrize("family,tied,bias", [("llama", True, False), ("llama", False, False),
-                                              ("qwen3", False, True), ("qwen3", True, False)])
+                                              ("qwen3", False, True), ("qwen3", True, False), ("qwen2", False, False)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("device", DEVICES)
