@@ -14,11 +14,20 @@ Paths: ``naive`` (``logits.float().log_softmax(-1)`` + gather + entropy, autogra
 plus Liger-Kernel and flash-attn cross entropy (log-prob only) when importable. The fused-linear section compares
 ``hidden @ W.T`` followed by the Triton log-prob kernel with :func:`kernels.fused_linear_logprobs`.
 
+The loss section times the HACPO policy loss on ``[B, T]`` fp32 token log-probs (sequence-level ratios, half the
+rows foreign, k3 KL on own tokens) forward and forward+backward: ``triton`` (:func:`kernels.hacpo_loss`, CUDA
+only), ``torch_twin`` (the same function on the torch backend) and ``unfused`` (:func:`unfused_hacpo_loss`, the
+formulas as plain torch ops under autograd). Its HBM floor is the bytes a perfect kernel must move: forward reads
+``logp``, ``mask`` and ``ref_logp`` (4 bytes each per token) and the four per-row inputs and writes the per-row
+objective (17 bytes per row); forward+backward also writes ``d logp`` (4 bytes per token).
+
 Results go to ``benchmarks/results/<stem>.json`` and ``.md`` (written atomically); the table is printed last.
 
     python benchmarks/bench_kernels.py                 # GPU: full sweep; CPU: --cpu-small
     python benchmarks/bench_kernels.py --quick         # GPU: N in {4k, 16k}, V = 151936
     python benchmarks/bench_kernels.py --shapes 4096x32000,16384x151936 --out kernels_h100
+    python benchmarks/bench_kernels.py --only loss     # the loss section alone (results in kernels_<device>_loss)
+    python benchmarks/bench_kernels.py --no-loss       # every section but the loss
 """
 from __future__ import annotations
 
@@ -41,22 +50,28 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from hacpo_kernels import fused_linear_logprobs, logprobs_from_logits  # noqa: E402
+from hacpo_kernels import (  # noqa: E402
+    cross_clip_lower_bound,
+    fused_linear_logprobs,
+    hacpo_loss,
+    logprobs_from_logits,
+)
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 FULL_SHAPES = [(n, v) for n in (4096, 16384, 65536) for v in (32000, 128256, 151936)]
 QUICK_SHAPES = [(4096, 151936), (16384, 151936)]
 CPU_SHAPES = [(512, 32000), (2048, 32000)]
+LOSS_SHAPES = [(b, t) for t in (512, 2048) for b in (4096 // t, 16384 // t, 65536 // t)]  # B·T in {4k, 16k, 64k}
 HBM_PEAK_TBS = {"H100": 3.35, "H200": 4.8}
 MIB = 1024 * 1024
 
 
 @dataclass
 class Row:
-    section: str  # "logits" or "fused_linear"
+    section: str  # "logits", "fused_linear" or "loss"
     path: str
-    n: int
-    v: int
+    n: int  # tokens (loss section: B·T)
+    v: int  # vocabulary (loss section: T)
     h: int | None = None
     fwd_ms: float | None = None
     step_ms: float | None = None
@@ -308,6 +323,128 @@ def bench_fused_linear(meter: Meter, device: str, shapes, h_dim: int, chunk_size
 
 
 # --------------------------------------------------------------------------------------------------------------
+# loss: HACPO policy loss on [B, T] token log-probs
+# --------------------------------------------------------------------------------------------------------------
+LOSS_HP = dict(update_index=1, eps_low=3e-4, eps_high=4e-4, delta=0.2, delta_step=0.025, alpha=1.0,
+               log_ratio_clip=10.0, kl_coef=0.01)
+"""Benchmark configuration: HACPO defaults, second optimizer step of the training step (foreign window
+``[0.825, 1]``), k3 KL on."""
+
+
+@dataclass
+class LossInputs:
+    """One micro-batch of the loss: ``logp``/``mask``/``ref_logp`` [B, T] fp32, per-row vectors [B]."""
+
+    logp: torch.Tensor
+    mask: torch.Tensor
+    ref_logp: torch.Tensor
+    advantages: torch.Tensor
+    old_logp_mean: torch.Tensor
+    is_own: torch.Tensor
+    coef: torch.Tensor
+
+    def floor_bytes(self, backward: bool) -> int:
+        """Bytes a perfect kernel moves: read logp, mask, ref_logp and the row vectors (+ write ``d logp``)."""
+        n = self.logp.numel()
+        rows = self.logp.shape[0] * (4 * 4 + 1)  # advantages, old mean, coef, objective (fp32) + is_own (bool)
+        return 3 * 4 * n + rows + (4 * n if backward else 0)
+
+
+def make_loss_inputs(b: int, t: int, device: str, seed: int = 0) -> LossInputs:
+    """Ragged rows (lengths uniform in [T/4, T]), every other row foreign, log-probs near the old policy's so that
+    ratios fall on both sides of the clip windows."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    lengths = torch.randint(t // 4, t + 1, (b,), device=device, generator=gen)
+    mask = (torch.arange(t, device=device)[None, :] < lengths[:, None]).float()
+    old = -torch.rand(b, t, device=device, generator=gen) * 3.0
+    logp = old + 0.02 * torch.randn(b, t, device=device, generator=gen)
+    ref_logp = old + 0.05 * torch.randn(b, t, device=device, generator=gen)
+    old_mean = (old * mask).sum(-1) / mask.sum(-1)
+    is_own = torch.arange(b, device=device) % 2 == 0
+    coef = torch.where(is_own, torch.ones(b, device=device), 0.5 + torch.rand(b, device=device, generator=gen))
+    adv = torch.randn(b, device=device, generator=gen)
+    return LossInputs(logp.requires_grad_(), mask, ref_logp, adv, old_mean, is_own, coef)
+
+
+def unfused_hacpo_loss(x: LossInputs, *, update_index: int, eps_low: float, eps_high: float, delta: float,
+                       delta_step: float, alpha: float, log_ratio_clip: float, kl_coef: float) -> torch.Tensor:
+    r"""The op-by-op baseline: HACPO sequence-level loss with k3 KL, plain torch ops, autograd for the gradient.
+
+    ``\ell_i = \mathrm{clamp}(\frac{1}{L_i}\sum_t m_{it}\log\pi_{it} - \overline{\log\pi_{old}}_i, \pm C)``,
+    ``s_i = e^{\ell_i}``; own rows ``\min(s A, \mathrm{clip}(s, 1-\epsilon_l, 1+\epsilon_h) A)`` (eqs. 47-49),
+    foreign rows ``c\,\mathrm{sg}(c)^\alpha\omega A`` with ``c = \mathrm{clamp}(s, lo_m, 1)`` (eqs. 10-14);
+    ``loss = -\frac{1}{\#rows}\sum_i obj_i + \beta\frac{1}{\#own}\sum_{i\ own}\frac{1}{L_i}\sum_t m_{it}
+    (e^{d} - d - 1)``, ``d = \mathrm{clamp}(\log\pi_{ref} - \log\pi, \pm 20)``.
+    """
+    length = x.mask.sum(-1)
+    ell = ((x.logp * x.mask).sum(-1) / length.clamp(min=1) - x.old_logp_mean).clamp(-log_ratio_clip, log_ratio_clip)
+    s = ell.exp()
+    own_obj = torch.minimum(s * x.advantages, s.clamp(1 - eps_low, 1 + eps_high) * x.advantages)
+    c = s.clamp(cross_clip_lower_bound(delta, delta_step, update_index), 1.0)
+    foreign_obj = c * c.detach().pow(alpha) * x.coef * x.advantages
+    obj = torch.where(x.is_own, own_obj, foreign_obj)
+    pg_loss = -obj.sum() / (length > 0).sum().clamp(min=1)
+    d = (x.ref_logp - x.logp).clamp(-20.0, 20.0)
+    own_tokens = x.mask * x.is_own[:, None]
+    k3 = ((d.exp() - d - 1) * own_tokens).sum(-1) / length.clamp(min=1)
+    kl = k3.sum() / ((length > 0) & x.is_own).sum().clamp(min=1)
+    return pg_loss + kl_coef * kl
+
+
+def make_loss_paths(device: str) -> dict:
+    def kernel(backend):
+        return lambda x: hacpo_loss(x.logp, x.mask, x.advantages, x.old_logp_mean, x.is_own, x.coef,
+                                    ref_logp=x.ref_logp, backend=backend, **LOSS_HP).loss
+
+    paths = {"unfused": lambda x: unfused_hacpo_loss(x, **LOSS_HP), "torch_twin": kernel("torch")}
+    if device == "cuda":
+        paths["triton"] = kernel("triton")
+    return paths
+
+
+def bench_loss(meter: Meter, device: str, shapes, peak_tbs: float | None) -> list[Row]:
+    rows = []
+    for b, t in shapes:
+        for name, path in make_loss_paths(device).items():
+            row = Row("loss", name, b * t, t)
+            x = None
+            try:
+                x = make_loss_inputs(b, t, device)
+
+                def fwd():
+                    with torch.no_grad():
+                        return path(x)
+
+                def step():
+                    path(x).backward()
+
+                row.fwd_ms = meter.time_ms(fwd)
+                row.peak_fwd_mib = meter.peak_mib(fwd)
+                row.step_ms = meter.time_ms(step, grad_to_none=[x.logp])
+                x.logp.grad = None
+                row.peak_step_mib = meter.peak_mib(step)
+                if row.peak_step_mib is not None:
+                    row.peak_step_mib -= x.logp.numel() * 4 / MIB  # d logp itself is an output, not extra
+                row.fwd_gbps = x.floor_bytes(False) / row.fwd_ms / 1e6
+                row.step_gbps = x.floor_bytes(True) / row.step_ms / 1e6
+                row.extra["rows"] = b
+                if peak_tbs:
+                    row.extra["fwd_x_floor"] = row.fwd_ms / (x.floor_bytes(False) / (peak_tbs * 1e9))
+                    row.extra["step_x_floor"] = row.step_ms / (x.floor_bytes(True) / (peak_tbs * 1e9))
+            except Exception as exc:  # noqa: BLE001 - an OOM is a result too
+                row.note = "OOM" if _is_oom(exc) else f"error: {type(exc).__name__}: {str(exc)[:120]}"
+            finally:
+                del x
+                gc.collect()
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+            rows.append(row)
+            print(f"  {row.section:12s} {row.path:26s} B={b:4d} T={t:5d} fwd={_fmt(row.fwd_ms, 3)} ms "
+                  f"step={_fmt(row.step_ms, 3)} ms peak={_fmt(row.peak_step_mib)} MiB {row.note}", flush=True)
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------------------
 # reporting
 # --------------------------------------------------------------------------------------------------------------
 def _fmt(x, digits=2) -> str:
@@ -336,6 +473,20 @@ def summarize(rows: list[Row], peak_tbs: float | None) -> list[str]:
         if peak_tbs:
             floor_ms = 3 * 2 * n * v / (peak_tbs * 1e9)
             parts.append(f"{r.step_ms / floor_ms:.2f}x the HBM floor ({floor_ms:.2f} ms)")
+        lines.append(" ".join(parts))
+    for r in rows:
+        if r.section != "loss" or r.path == "unfused" or r.step_ms is None:
+            continue
+        base = by_key.get(("loss", "unfused", r.n, r.v))
+        parts = [f"loss {r.path} B={r.extra['rows']} T={r.v}:"]
+        if base and base.step_ms and base.fwd_ms:
+            parts.append(f"time unfused/{r.path} = {base.fwd_ms / r.fwd_ms:.2f} (fwd), "
+                         f"{base.step_ms / r.step_ms:.2f} (fwd+bwd);")
+        if base and base.peak_step_mib and r.peak_step_mib:
+            parts.append(f"peak memory unfused/{r.path} = {base.peak_step_mib / r.peak_step_mib:.2f} (fwd+bwd);")
+        if "step_x_floor" in r.extra:
+            parts.append(f"{r.extra['fwd_x_floor']:.2f}x (fwd) / {r.extra['step_x_floor']:.2f}x (fwd+bwd) "
+                         "the HBM floor")
         lines.append(" ".join(parts))
     for r in rows:
         if r.section == "fused_linear" and "extra_vs_full_logits_pct" in r.extra:
@@ -371,6 +522,21 @@ def markdown(meta: dict, rows: list[Row], summary: list[str]) -> str:
                        f"{_fmt(r.peak_step_mib, 0)} | {_fmt(r.extra.get('extra_vs_full_logits_pct'), 1)} | "
                        f"{r.note} |")
         out.append("")
+    loss_rows = [r for r in rows if r.section == "loss"]
+    if loss_rows:
+        peak = meta.get("hbm_peak_tbs")
+        out += ["## loss: HACPO on logp [B, T] fp32 (sequence ratios, half the rows foreign, k3 KL on)", "",
+                "GB/s = the HBM floor's bytes (read logp, mask, ref_logp, row vectors; fwd+bwd also writes d logp) "
+                "over the time" + (f"; x floor = time over floor bytes at {peak} TB/s." if peak else "."), "",
+                "| path | B | T | B·T | fwd ms | fwd GB/s | fwd x floor | fwd peak MiB | fwd+bwd ms | fwd+bwd GB/s "
+                "| fwd+bwd x floor | fwd+bwd peak MiB | note |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        for r in loss_rows:
+            out.append(f"| {r.path} | {r.extra.get('rows', '-')} | {r.v} | {r.n} | {_fmt(r.fwd_ms, 3)} | "
+                       f"{_fmt(r.fwd_gbps, 1)} | {_fmt(r.extra.get('fwd_x_floor'))} | {_fmt(r.peak_fwd_mib, 1)} | "
+                       f"{_fmt(r.step_ms, 3)} | {_fmt(r.step_gbps, 1)} | {_fmt(r.extra.get('step_x_floor'))} | "
+                       f"{_fmt(r.peak_step_mib, 1)} | {r.note} |")
+        out.append("")
     if summary:
         out += ["## summary", ""] + [f"- {line}" for line in summary] + [""]
     return "\n".join(out)
@@ -402,6 +568,16 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+def parse_loss_shapes(text: str) -> list[tuple[int, int]]:
+    try:
+        return [(b, t) for b, t in parse_shapes(text)]
+    except SystemExit:
+        raise SystemExit(f"--loss-shapes: expected BxT[,BxT...], got {text!r}") from None
+
+
+SECTIONS = ("logits", "fused_linear", "loss")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", type=parse_shapes, help="comma-separated NxV logits shapes")
@@ -410,6 +586,9 @@ def main(argv=None) -> int:
                         help="small CPU shapes, torch paths only (the default without CUDA)")
     parser.add_argument("--hidden", type=int, default=None, help="H of the fused-linear section (GPU 4096)")
     parser.add_argument("--no-fused-linear", action="store_true", help="skip the fused-linear section")
+    parser.add_argument("--only", choices=SECTIONS, help="run this section alone")
+    parser.add_argument("--no-loss", action="store_true", help="skip the loss section")
+    parser.add_argument("--loss-shapes", type=parse_loss_shapes, help="comma-separated BxT shapes of the loss section")
     parser.add_argument("--out", default=None, help="file stem under benchmarks/results (default kernels_<device>)")
     args = parser.parse_args(argv)
 
@@ -449,7 +628,12 @@ def main(argv=None) -> int:
         "hbm_peak_tbs": peak_tbs,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    stem = args.out or ("kernels_cpu" if device == "cpu" else "kernels_gpu")
+    loss_shapes = args.loss_shapes or LOSS_SHAPES
+    if args.only and (args.no_loss or args.no_fused_linear):
+        parser.error("--only cannot be combined with --no-loss / --no-fused-linear")
+    skipped = {name for name, skip in (("loss", args.no_loss), ("fused_linear", args.no_fused_linear)) if skip}
+    sections = {args.only} if args.only else set(SECTIONS) - skipped
+    stem = args.out or ("kernels_cpu" if device == "cpu" else "kernels_gpu") + (f"_{args.only}" if args.only else "")
     rows: list[Row] = []
 
     def save(complete: bool) -> str:
@@ -462,11 +646,16 @@ def main(argv=None) -> int:
         atomic_write(RESULTS_DIR / f"{stem}.md", md)
         return md
 
-    print(f"benchmark on {device_name}: logits shapes {shapes}", flush=True)
-    for shape in shapes:
-        rows += bench_logits(meter, device, [shape])
-        save(complete=False)
-    if not args.no_fused_linear:
+    print(f"benchmark on {device_name}: sections {sorted(sections)}", flush=True)
+    if "logits" in sections:
+        for shape in shapes:
+            rows += bench_logits(meter, device, [shape])
+            save(complete=False)
+    if "loss" in sections:
+        for shape in loss_shapes:
+            rows += bench_loss(meter, device, [shape], peak_tbs)
+            save(complete=False)
+    if "fused_linear" in sections:
         for shape in fl_shapes:
             rows += bench_fused_linear(meter, device, [shape], h_dim, fl_chunk)
             save(complete=False)
