@@ -323,6 +323,7 @@ def main(argv=None) -> int:
                         help="CPU: measure in this process instead of one child process per case (less clean "
                              "peaks); always so on CUDA")
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {MODELS}")
+    parser.add_argument("--passes", default=",".join(PASSES), help=f"comma-separated subset of {PASSES}")
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions (CPU 3, --quick 1; GPU 5)")
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per child process")
     parser.add_argument("--out", default=None, help="file stem under benchmarks/results (default step_<device>)")
@@ -336,9 +337,11 @@ def main(argv=None) -> int:
         return 0
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
-    for m in models:
-        if m not in MODELS:
-            parser.error(f"--models: {m!r} is not one of {MODELS}")
+    passes = [p.strip() for p in args.passes.split(",") if p.strip()]
+    for flag, chosen, allowed in (("--models", models, MODELS), ("--passes", passes, PASSES)):
+        for item in chosen:
+            if item not in allowed:
+                parser.error(f"{flag}: {item!r} is not one of {allowed}")
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     cuda = device == "cuda"
     dtype = "bfloat16" if cuda else "float32"
@@ -370,7 +373,7 @@ def main(argv=None) -> int:
         return md
 
     for model in models:
-        for pass_name in PASSES:
+        for pass_name in passes:
             for path in PATHS:
                 case = Case(model, pass_name, path, shapes[model], device, dtype, reps, warmup, args.vocab)
                 result = measure(case, args.timeout, args.in_process or cuda)

@@ -95,3 +95,9 @@ def test_bench_step_runs_both_models_and_paths(tmp_path, monkeypatch):
     assert {r["vocab"] for r in payload["results"] if r["model"] == "large_vocab"} == {4096}
     assert len(payload["ratios"]) == 4
     assert "Command: `python" in (tmp_path / "step_smoke.md").read_text()
+
+
+@pytest.mark.parametrize("flags", [["--passes", "train"], ["--models", "gpt"]])
+def test_bench_step_rejects_unknown_models_and_passes(flags):
+    with pytest.raises(SystemExit):
+        bench_step.main(flags)
