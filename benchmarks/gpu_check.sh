@@ -7,17 +7,20 @@
 # Parts (each has its own time limit; a failure is recorded and the next part still runs):
 #   1. tests     CUDA kernel tests (compiled Triton), the CUDA algorithm tests and the fused log-prob path on CUDA
 #                (tests/kernels, tests/algorithms, tests/models; "not slow")
-#   2. kernels   benchmarks/bench_kernels.py --quick: log-prob kernels, fused linear log-probs and the loss kernel
-#   3. step      benchmarks/bench_step.py: one scoring pass and one update micro-batch, full logits vs fused
-#   4. update    benchmarks/gpu_policy_update.py: HACPO updates of a zoo agent in bf16 on both kernel backends,
+#   2. kernels   benchmarks/bench_kernels.py --quick --no-loss: log-prob kernels and fused linear log-probs
+#   3. loss      benchmarks/bench_kernels.py --only loss: the fused loss kernel against the op-by-op torch loss
+#   4. step      benchmarks/bench_step.py: one scoring pass and one update micro-batch, full logits vs fused
+#   5. update    benchmarks/gpu_policy_update.py: HACPO updates of a zoo agent in bf16 on both kernel backends,
 #                a non-finite update skipped at m = 2, peak memory
-# Results: benchmarks/results/gpu_check.md (summary) and the tables each part writes (kernels_gpu.md, step_cuda.md,
-# policy_update_cuda.md); copied to $OUT when that variable names a folder. Without a CUDA device every part is
+# PARTS="tests step" runs a subset (default: all five).
+# Results: benchmarks/results/gpu_check.md (summary) and the tables each part writes (kernels_gpu.md,
+# kernels_gpu_loss.md, step_cuda.md, policy_update_cuda.md); copied to $OUT when that variable names a folder. Without a CUDA device every part is
 # reported as skipped and the script exits 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
+PARTS=${PARTS:-tests kernels loss step update}
 RESULTS=benchmarks/results
 SUMMARY=$RESULTS/gpu_check.md
 mkdir -p "$RESULTS"
@@ -41,7 +44,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PAR
 } > "$SUMMARY"
 
 if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    for part in tests kernels step update; do echo "| $part | skipped (no CUDA device) | 0 |" >> "$SUMMARY"; done
+    for part in $PARTS; do echo "| $part | skipped (no CUDA device) | 0 |" >> "$SUMMARY"; done
     cat "$SUMMARY"
     exit 0
 fi
@@ -49,6 +52,7 @@ fi
 failures=0
 part() {  # part NAME LIMIT_S COMMAND...
     local name=$1 limit=$2; shift 2
+    case " $PARTS " in *" $name "*) ;; *) return 0 ;; esac
     local log="$RESULTS/gpu_$name.log" start=$SECONDS rc
     echo "== $name: $* (limit ${limit}s)"
     timeout "$limit" "$@" > "$log" 2>&1
@@ -61,10 +65,9 @@ part() {  # part NAME LIMIT_S COMMAND...
 }
 
 part tests 200 "$PY" -m pytest tests/kernels tests/algorithms tests/models -q -m "not slow" -p no:cacheprovider
-part kernels 150 "$PY" benchmarks/bench_kernels.py --quick --out kernels_gpu
-if [ -f benchmarks/bench_step.py ]; then
-    part step 120 "$PY" benchmarks/bench_step.py
-fi
+part kernels 150 "$PY" benchmarks/bench_kernels.py --quick --no-loss --out kernels_gpu
+part loss 120 "$PY" benchmarks/bench_kernels.py --only loss
+part step 150 "$PY" benchmarks/bench_step.py
 part update 90 "$PY" benchmarks/gpu_policy_update.py
 
 {
@@ -72,13 +75,14 @@ part update 90 "$PY" benchmarks/gpu_policy_update.py
     echo "## Test summary"
     echo
     echo '```'
-    grep -E "passed|failed|error" "$RESULTS/gpu_tests.log" | tail -n 5
+    grep -E "passed|failed|error" "$RESULTS/gpu_tests.log" 2>/dev/null | tail -n 5
     echo '```'
 } >> "$SUMMARY"
 cat "$SUMMARY"
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
     for f in "$SUMMARY" "$RESULTS/gpu_tests.log" "$RESULTS"/kernels_gpu.md "$RESULTS"/kernels_gpu.json \
-             "$RESULTS"/step_cuda.md "$RESULTS"/policy_update_cuda.md "$RESULTS/gpu_kernels.log" "$RESULTS/gpu_step.log"; do
+             "$RESULTS"/kernels_gpu_loss.md "$RESULTS"/step_cuda.md "$RESULTS"/step_cuda.json \
+             "$RESULTS"/policy_update_cuda.md; do
         [ -f "$f" ] && cp "$f" "$OUT/"
     done
 fi
