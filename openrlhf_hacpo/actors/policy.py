@@ -102,17 +102,22 @@ def view_config(cfg: TrainConfig) -> LearnerViewConfig:
 
 
 class SkippableAdamW(torch.optim.AdamW):
-    """AdamW whose next ``step`` can be turned into a no-op (``skip_next_step = True``).
+    """AdamW whose ``step`` is a no-op while ``skip_next_step`` is True.
 
     DeepSpeed runs its whole update path (gradient reduction, clipping, fp32 master copy, zeroing) unchanged; only
     the parameter and moment update is left out, which is how a non-finite loss skips an update.
+
+    One ``engine.step()`` calls this optimizer's ``step`` several times under ZeRO: once per parameter group
+    (ZeRO-1/2, ``DeepSpeedZeroOptimizer._optimizer_step``) or per parameter sub-group (ZeRO-3,
+    ``DeepSpeedZeroOptimizer_Stage3._optimizer_step``), each time with ``param_groups`` narrowed to that group. The
+    flag therefore never clears itself: the caller sets it before ``engine.step()`` and clears it afterwards, so
+    every group of the update is skipped and no Adam step counter advances.
     """
 
     skip_next_step: bool = False
 
     def step(self, closure=None):  # noqa: D102 - torch API
         if self.skip_next_step:
-            self.skip_next_step = False
             return None
         return super().step(closure)
 
