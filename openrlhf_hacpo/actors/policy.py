@@ -631,23 +631,28 @@ class PolicyWorker:
             stats.add(f"policy/{key}", value, weight)
 
     # ------------------------------------------------------------------------------------------------ weights
-    def _gathered(self):
-        import contextlib
+    weight_bucket_bytes: int = 512 * 2**20
+    """Full-tensor bytes gathered at once under ZeRO-3 when weights are exported (sync, ``save_hf``)."""
 
-        if self.agent.zero_stage == 3:
-            import deepspeed
+    def _weight_buckets(self):
+        """The model's state-dict tensors in buckets, gathered one bucket at a time under ZeRO-3 (all ranks iterate;
+        see :mod:`openrlhf_hacpo.actors.weight_export`)."""
+        from openrlhf_hacpo.actors.weight_export import gathered_buckets
 
-            return deepspeed.zero.GatheredParameters(list(self.model.parameters()), modifier_rank=None)
-        return contextlib.nullcontext()
+        return gathered_buckets(self.model, zero3=self.agent.zero_stage == 3, bucket_bytes=self.weight_bucket_bytes)
 
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
-        """The full state dict by HF name, on CPU (gathered under ZeRO-3): what the engines receive.
+        """The full state dict by HF name, on CPU (gathered bucket by bucket under ZeRO-3): what the engines receive.
 
-        Tied weights appear under every name (e.g. ``lm_head.weight`` next to ``model.embed_tokens.weight``): vLLM
-        keeps its own copy of a tied output projection.
+        Tied weights appear under every name (e.g. ``lm_head.weight`` next to ``model.embed_tokens.weight``), as one
+        CPU tensor: vLLM keeps its own copy of a tied output projection.
         """
-        with self._gathered():
-            return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
+        state: dict[str, torch.Tensor] = {}
+        for bucket in self._weight_buckets():
+            for entry in bucket:
+                copy = entry.tensor.detach().to("cpu", copy=True)
+                state.update((name, copy) for name in entry.names)
+        return state
 
     def init_engine_weight_sync(self, engines: Sequence[Any]) -> None:
         """Build the broadcast group between this rank (rank 0 of the agent) and every worker of ``engines``."""
@@ -659,43 +664,94 @@ class PolicyWorker:
             group_name=f"hacpo_sync_{self.agent.name}")
 
     def sync_weights_to_engines(self, engines: Sequence[Any], mode: str = "object_store") -> int:
-        """Send the current weights to the agent's vLLM engines (all ranks call it; rank 0 sends).
+        """Send the current weights to the agent's vLLM engines (all ranks call it; only rank 0 sends).
 
         ``mode="object_store"`` puts one CPU copy into Ray's object store for every engine to load;
-        ``"broadcast"`` streams each tensor over the group made by :meth:`init_engine_weight_sync`.
-        Returns the number of tensors sent.
+        ``"broadcast"`` streams each tensor over the group made by :meth:`init_engine_weight_sync`, announcing the
+        names, dtypes and full shapes first, so under ZeRO-3 each bucket is gathered, sent and released in turn.
+        Tied weights are sent under every name (vLLM keeps its own copy of a tied output projection). Returns the
+        number of named tensors sent (0 on the other ranks).
         """
-        from openrlhf_hacpo.engines.weight_sync import broadcast_weights_to_engines, push_weights_to_engines
+        from openrlhf_hacpo.engines.weight_sync import (
+            broadcast_weights_to_engines,
+            dtype_name,
+            push_weights_to_engines,
+        )
 
         if mode not in ("object_store", "broadcast"):
             raise ValueError(f"weight sync mode must be 'object_store' or 'broadcast', got {mode!r}")
-        with self._gathered():
-            if self.rank != 0:
-                return 0
-            # the full state dict: a tied lm_head.weight must be sent too (vLLM keeps its own copy of it)
-            if mode == "broadcast":
-                named = [(name, t.detach()) for name, t in self.model.state_dict().items()]
-                broadcast_weights_to_engines(engines, named, self._engine_group)
-            else:
-                named = [(name, t.detach().to("cpu", copy=True)) for name, t in self.model.state_dict().items()]
+        if mode == "object_store":
+            named: list[tuple[str, torch.Tensor]] = []
+            for bucket in self._weight_buckets():
+                if self.rank == 0:
+                    for entry in bucket:
+                        copy = entry.tensor.detach().to("cpu", copy=True)
+                        named.extend((name, copy) for name in entry.names)
+            if self.rank == 0:
                 push_weights_to_engines(engines, named)
-        return len(named)
+            return len(named)
+        stream = ((name, entry.tensor.detach()) for bucket in self._weight_buckets() for entry in bucket
+                  for name in entry.names)
+        if self.rank != 0:
+            for _ in stream:  # take part in the ZeRO-3 gathers
+                pass
+            return 0
+        from openrlhf_hacpo.actors.weight_export import weight_entries
 
-    def save_hf(self, path: str) -> str | None:
+        specs = [(name, dtype_name(entry.tensor.dtype), list(entry.full_shape))
+                 for entry in weight_entries(self.model) for name in entry.names]
+        broadcast_weights_to_engines(engines, stream, self._engine_group, specs=specs)
+        return len(specs)
+
+    def save_hf(self, path: str, dtype: str = "auto") -> str | None:
         """Write a ``from_pretrained``-loadable checkpoint (model, tokenizer, generation config) atomically.
 
-        Every rank must call it (ZeRO-3 gathers); rank 0 writes. Returns the path on rank 0.
+        ``dtype="auto"`` stores the floating tensors in the dtype of the agent's pretrained checkpoint (its config's
+        ``dtype``; the training dtype when the config names none), so a bf16 model trained in fp32 comes back in
+        bf16; ``"float32"``, ``"bfloat16"`` or ``"float16"`` choose one. Tied weights are stored once, as
+        ``save_pretrained`` does for the model itself. Every rank must call it (ZeRO-3 gathers bucket by bucket);
+        rank 0 writes. Returns the path on rank 0.
         """
+        import json
+
         from openrlhf_hacpo.utils.atomic import atomic_dir
 
-        with self._gathered():
+        target = self._hf_save_dtype(dtype)
+        state: dict[str, torch.Tensor] = {}
+        for bucket in self._weight_buckets():
             if self.rank != 0:
-                return None
-            state = {name: p.detach().to("cpu", copy=True) for name, p in self.model.state_dict().items()}
+                continue
+            for entry in bucket:
+                tensor = entry.tensor.detach()
+                cast = target if tensor.is_floating_point() else tensor.dtype
+                copy = tensor.to("cpu", dtype=cast, copy=True)
+                state.update((name, copy) for name in entry.names)  # one tensor: the tie survives the save
+        if self.rank != 0:
+            return None
         with atomic_dir(path) as tmp:
             self.model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
+            # save_pretrained names the training dtype; config.json must name the stored one
+            config_file = Path(tmp) / "config.json"
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+            config["dtype"] = str(target).removeprefix("torch.")
+            config.pop("torch_dtype", None)
+            config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         return str(path)
+
+    def _hf_save_dtype(self, dtype: str) -> torch.dtype:
+        choices = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if dtype in choices:
+            return choices[dtype]
+        if dtype != "auto":
+            raise ValueError(f"agent {self.agent.name!r}: save_hf dtype must be 'auto' or one of {sorted(choices)}, "
+                             f"got {dtype!r}")
+        from transformers import AutoConfig
+
+        from openrlhf_hacpo.actors.weight_export import checkpoint_dtype
+
+        original = checkpoint_dtype(AutoConfig.from_pretrained(self.agent.pretrain))
+        return original or next(p.dtype for p in self.model.parameters() if p.is_floating_point())
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, path: str) -> None:

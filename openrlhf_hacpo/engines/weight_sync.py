@@ -2,18 +2,27 @@
 
 Two paths, both ending in vLLM's in-place weight reload inside every engine worker:
 
-* **Object store** (CPU, or any small model): the policy hands `{name: tensor}` to each engine actor through Ray's
-  object store; the engine passes them, byte-encoded, to its workers with `LLM.collective_rpc`.
-* **Collective broadcast** (GPU): a process group joins the policy's rank 0 (group rank 0) and every engine worker
-  (ranks 1..). Per sync the policy sends the list of (name, dtype, shape) to the engines, then broadcasts each tensor;
-  the workers receive the tensors as the reload consumes them. The group is a standalone NCCL (GPU) or gloo (CPU)
-  backend built on its own TCP store, so it coexists with the policy's training group and with vLLM's own groups.
+* **Object store** (CPU, colocated GPU engines, any small model): the policy hands `{name: tensor}` to each engine
+  actor through Ray's object store; the engine passes them, byte-encoded, to its workers with `LLM.collective_rpc`.
+* **Collective broadcast** (dedicated GPU engines): a broadcast group joins the policy's rank 0 (group rank 0) and
+  every worker of every engine of the agent (ranks 1..). Per sync the policy sends the list of (name, dtype, shape) to
+  the engines, then broadcasts each tensor; the workers receive the tensors as the reload consumes them. On GPU the
+  group is vLLM's `PyNcclCommunicator` over a `StatelessProcessGroup` (what vLLM's RLHF examples and OpenRLHF use):
+  it lives outside `torch.distributed`'s default world, so it coexists with the policy's training group and with
+  vLLM's own groups, and it is built the same way by the policy and by every tensor-parallel worker. On CPU (tests)
+  the same protocol runs on a standalone gloo group.
+
+How a worker loads the tensors depends on the vLLM version (`reload_api`): from vLLM 0.16 the model runner's
+`reload_weights(weights_iterator=..., is_checkpoint_format=True)` reloads in place and re-runs each layer's
+post-load processing (e.g. the CPU backend's packed GEMM weights); before that `reload_weights()` takes no
+arguments and reads the checkpoint from disk, so the tensors go to `model.load_weights(weights=...)` directly.
 
 `VLLMWorkerWeightSync` is the worker side; vLLM mixes it into its worker class through `worker_extension_cls`.
 """
 from __future__ import annotations
 
 import datetime
+import inspect
 import socket
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -72,6 +81,21 @@ def unpack_named_tensors(packed: Iterable[PackedTensor]) -> Iterator[tuple[str, 
 # ---------------------------------------------------------------------------------------------- broadcast group
 
 
+class WeightSyncGroup:
+    """A broadcast group whose rank 0 sends: `broadcast(tensor)` sends (rank 0) or fills (other ranks) `tensor` in
+    place and returns when the tensor may be read on the caller's device (stream-ordered on CUDA)."""
+
+    def __init__(self, backend: str, communicator) -> None:
+        self.backend = backend
+        self.communicator = communicator
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        if self.backend == "gloo":
+            self.communicator.broadcast(tensor, 0).wait()
+        else:
+            self.communicator.broadcast(tensor, src=0, stream=torch.cuda.current_stream())
+
+
 def create_weight_sync_group(
     master_address: str,
     master_port: int,
@@ -80,25 +104,29 @@ def create_weight_sync_group(
     group_name: str,
     backend: str = "nccl",
     timeout_s: float = 600.0,
-) -> dist.ProcessGroup:
-    """A process group of its own (not registered with `torch.distributed`'s default world).
+) -> WeightSyncGroup:
+    """A broadcast group of its own (not registered with `torch.distributed`'s default world).
 
-    Rank 0 hosts the TCP store at (master_address, master_port); the other ranks connect to it. Collectives are the
-    backend's methods, e.g. `group.broadcast(tensor, 0).wait()`. `backend` is "nccl" (CUDA tensors) or "gloo" (CPU).
+    Rank 0 hosts the TCP store at (master_address, master_port); the other ranks connect to it. `backend` is
+    "nccl" (CUDA tensors on the current device; vLLM's `StatelessProcessGroup` + `PyNcclCommunicator`) or "gloo"
+    (CPU tensors; torch's `ProcessGroupGloo` on a `TCPStore` prefixed with `group_name`).
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"weight-sync rank {rank} is outside the world of size {world_size}")
-    timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout)
-    store = dist.PrefixStore(group_name, store)
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout)
+        store = dist.PrefixStore(group_name, store)
+        return WeightSyncGroup("gloo", dist.ProcessGroupGloo(store, rank, world_size, timeout))
     if backend == "nccl":
-        if not dist.is_nccl_available():
-            raise RuntimeError("weight-sync backend 'nccl' requested, but this torch build has no NCCL")
-        options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+        if not torch.cuda.is_available():
+            raise RuntimeError("weight-sync backend 'nccl' needs a CUDA device in this process")
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+        from vllm.distributed.utils import StatelessProcessGroup
+
+        process_group = StatelessProcessGroup.create(host=master_address, port=master_port, rank=rank,
+                                                     world_size=world_size, store_timeout=int(timeout_s))
+        return WeightSyncGroup("nccl", PyNcclCommunicator(process_group, device=torch.cuda.current_device()))
     raise ValueError(f"weight-sync backend must be 'nccl' or 'gloo', got {backend!r}")
 
 
@@ -107,13 +135,31 @@ def tensor_specs(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[Tens
 
 
 def receive_broadcast_tensors(
-    group: dist.ProcessGroup, specs: Sequence[TensorSpec], device: torch.device
+    group: WeightSyncGroup, specs: Sequence[TensorSpec], device: torch.device
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Receive, lazily and in order, the tensors rank 0 broadcasts for `specs` (one at a time in memory)."""
     for name, dtype, shape in specs:
         tensor = torch.empty(shape, dtype=dtype_from_name(dtype), device=device)
-        group.broadcast(tensor, 0).wait()
+        group.broadcast(tensor)
         yield name, tensor
+
+
+def reload_api(model_runner) -> str:
+    """How a worker loads named tensors in place, read from its model runner's actual signature:
+
+    * `"reload_weights"`: `model_runner.reload_weights` takes `weights_iterator` (vLLM >= 0.16);
+    * `"load_weights"`: it does not (older vLLM, whose `reload_weights()` re-reads the checkpoint from disk), so the
+      tensors go to the model's `load_weights(weights=...)` (OpenRLHF's way).
+    """
+    reload = getattr(model_runner, "reload_weights", None)
+    if reload is not None:
+        try:
+            parameters = inspect.signature(reload).parameters
+        except (TypeError, ValueError):
+            parameters = {}
+        if "weights_iterator" in parameters:
+            return "reload_weights"
+    return "load_weights"
 
 
 def find_free_port() -> int:
@@ -165,12 +211,14 @@ class VLLMWorkerWeightSync:
         self._weight_sync_group = None
 
     def _reload_named_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        # vLLM >= 0.12 re-runs each layer's post-load processing (e.g. the CPU backend's packed GEMM weights);
-        # older versions keep plain parameters that `load_weights` can overwrite directly.
-        if hasattr(self, "reload_weights"):
-            self.reload_weights(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
-        else:
-            self.model_runner.model.load_weights(weights=named_tensors)
+        runner = self.model_runner
+        if reload_api(runner) == "reload_weights":
+            # the worker's own reload_weights wraps the runner's in vLLM's config context when it has one
+            reload = getattr(self, "reload_weights", None) or runner.reload_weights
+            reload(weights_iterator=iter(named_tensors), is_checkpoint_format=True)
+            return
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        model.load_weights(weights=named_tensors)
 
 
 # ---------------------------------------------------------------------------------------------- policy side
@@ -194,7 +242,7 @@ def init_engine_weight_sync(
     master_address: str | None = None,
     master_port: int | None = None,
     timeout_s: float = 600.0,
-) -> dist.ProcessGroup:
+) -> WeightSyncGroup:
     """Broadcast path, called in the process that will send the weights (the policy's rank 0): build the group of
     this process (rank 0) and every worker of every engine (engine i's workers are ranks 1 + i*tp ...)."""
     import ray
@@ -209,20 +257,38 @@ def init_engine_weight_sync(
         for index, engine in enumerate(engines)
     ]
     group = create_weight_sync_group(master_address, master_port, 0, world_size, group_name, backend, timeout_s)
-    ray.get(refs)
+    ray.get(refs, timeout=timeout_s)
     return group
 
 
-def broadcast_weights_to_engines(engines: Sequence, named_tensors: NamedTensors, group: dist.ProcessGroup) -> None:
+def broadcast_weights_to_engines(
+    engines: Sequence,
+    named_tensors: NamedTensors,
+    group: WeightSyncGroup,
+    specs: Sequence[TensorSpec] | None = None,
+) -> None:
     """Broadcast path: announce the specs to every engine, then broadcast each tensor from rank 0 in that order.
 
-    Tensors must live on the group's device (CUDA for NCCL, CPU for gloo).
+    `named_tensors` may be a lazy iterator (e.g. parameters gathered bucket by bucket under ZeRO-3) when `specs`
+    announces its names, dtypes and shapes in advance; otherwise the specs are read from the tensors. Tensors must
+    live on the group's device (CUDA for NCCL, CPU for gloo). A tensor that does not match its spec raises before
+    it is broadcast.
     """
     import ray
 
-    pairs = [(name, tensor.detach().contiguous()) for name, tensor in iter_named_tensors(named_tensors)]
-    specs = tensor_specs(pairs)
-    refs = [engine.receive_broadcast_weights.remote(specs) for engine in engines]
-    for _, tensor in pairs:
-        group.broadcast(tensor, 0).wait()
+    if specs is None:
+        named_tensors = [(name, tensor.detach()) for name, tensor in iter_named_tensors(named_tensors)]
+        specs = tensor_specs(named_tensors)
+    specs = [tuple(spec) for spec in specs]
+    refs = [engine.receive_broadcast_weights.remote(list(specs)) for engine in engines]
+    sent = 0
+    for name, tensor in iter_named_tensors(named_tensors):
+        expected = specs[sent] if sent < len(specs) else None
+        actual = (name, dtype_name(tensor.dtype), list(tensor.shape))
+        if expected is None or tuple(expected) != actual:
+            raise RuntimeError(f"weight broadcast: tensor {sent} is {actual}, the engines were announced {expected}")
+        group.broadcast(tensor.detach().contiguous())
+        sent += 1
+    if sent != len(specs):
+        raise RuntimeError(f"weight broadcast: {sent} tensors sent, {len(specs)} announced")
     ray.get(refs)

@@ -8,12 +8,14 @@ import pytest
 import torch
 
 from openrlhf_hacpo.engines.weight_sync import (
+    broadcast_weights_to_engines,
     VLLMWorkerWeightSync,
     create_weight_sync_group,
     dtype_from_name,
     find_free_port,
     pack_named_tensors,
     receive_broadcast_tensors,
+    reload_api,
     tensor_specs,
     unpack_named_tensors,
 )
@@ -78,7 +80,7 @@ def test_gloo_group_broadcasts_tensors_in_spec_order():
     def sender():
         group = create_weight_sync_group("127.0.0.1", port, 0, 2, "test_group", backend="gloo", timeout_s=30)
         for tensor in tensors.values():
-            group.broadcast(tensor, 0).wait()
+            group.broadcast(tensor)
 
     def receiver():
         group = create_weight_sync_group("127.0.0.1", port, 1, 2, "test_group", backend="gloo", timeout_s=30)
@@ -98,18 +100,65 @@ def test_group_rejects_bad_rank_and_backend():
         create_weight_sync_group("127.0.0.1", find_free_port(), 0, 1, "g", backend="mpi", timeout_s=5)
 
 
-class _StandInWorker(VLLMWorkerWeightSync):
-    """What the extension needs from a vLLM worker: rank, device and an in-place reload that consumes an iterator."""
+class _RunnerWithInplaceReload:
+    """vLLM >= 0.16's model runner: `reload_weights(weights_iterator=..., is_checkpoint_format=...)`."""
 
-    def __init__(self, rank: int):
-        self.rank = rank
-        self.device = torch.device("cpu")
+    def __init__(self):
         self.loaded: dict[str, torch.Tensor] = {}
 
-    def reload_weights(self, weights_iterator, is_checkpoint_format: bool):
-        assert is_checkpoint_format
+    def reload_weights(self, weights_iterator=None, weights_path=None, is_checkpoint_format: bool = True):
+        assert is_checkpoint_format and weights_path is None
         for name, tensor in weights_iterator:
             self.loaded[name] = tensor.clone()
+
+
+class _OldModel:
+    def __init__(self):
+        self.loaded: dict[str, torch.Tensor] = {}
+
+    def load_weights(self, weights):
+        for name, tensor in weights:
+            self.loaded[name] = tensor.clone()
+        return set(self.loaded)
+
+
+class _RunnerWithDiskReload:
+    """vLLM < 0.16's model runner: `reload_weights()` takes no arguments and re-reads the checkpoint from disk."""
+
+    def __init__(self):
+        self.model = _OldModel()
+        self.loaded = self.model.loaded
+
+    def reload_weights(self) -> None:
+        raise AssertionError("the disk reload must not be used for in-memory weights")
+
+
+class _StandInWorker(VLLMWorkerWeightSync):
+    """What the extension needs from a vLLM worker: rank, device and a model runner."""
+
+    def __init__(self, rank: int, runner=None):
+        self.rank = rank
+        self.device = torch.device("cpu")
+        self.model_runner = runner if runner is not None else _RunnerWithInplaceReload()
+
+    @property
+    def loaded(self) -> dict[str, torch.Tensor]:
+        return self.model_runner.loaded
+
+
+def test_reload_api_is_read_from_the_runner_signature():
+    assert reload_api(_RunnerWithInplaceReload()) == "reload_weights"
+    assert reload_api(_RunnerWithDiskReload()) == "load_weights"
+    assert reload_api(object()) == "load_weights"
+
+
+@pytest.mark.parametrize("runner_class", [_RunnerWithInplaceReload, _RunnerWithDiskReload])
+def test_worker_extension_loads_through_either_vllm_api(runner_class):
+    tensors = _sample_tensors()
+    worker = _StandInWorker(rank=0, runner=runner_class())
+    assert worker.load_named_tensors(pack_named_tensors(tensors)) == len(tensors)
+    assert set(worker.loaded) == set(tensors)
+    assert all(torch.equal(worker.loaded[name], tensor) for name, tensor in tensors.items())
 
 
 def test_worker_extension_object_store_path():
@@ -129,7 +178,7 @@ def test_worker_extension_broadcast_path_two_workers():
     def sender():
         group = create_weight_sync_group("127.0.0.1", port, 0, 3, "hacpo", backend="gloo", timeout_s=30)
         for tensor in tensors.values():
-            group.broadcast(tensor, 0).wait()
+            group.broadcast(tensor)
 
     def worker_side(worker):
         def run():
@@ -146,3 +195,47 @@ def test_worker_extension_broadcast_path_two_workers():
 def test_worker_extension_requires_the_group_before_receiving():
     with pytest.raises(RuntimeError, match="init_weight_sync_group"):
         _StandInWorker(rank=0).receive_broadcast_weights([("a", "float32", [1])])
+
+
+class _FakeRemoteMethod:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        return self.fn(*args)
+
+
+class _RecordingGroup:
+    def __init__(self):
+        self.sent: list[torch.Tensor] = []
+
+    def broadcast(self, tensor):
+        self.sent.append(tensor.clone())
+
+
+class _FakeEngine:
+    def __init__(self):
+        self.announced = None
+        self.receive_broadcast_weights = _FakeRemoteMethod(self._receive)
+
+    def _receive(self, specs):
+        self.announced = specs
+        return specs
+
+
+def test_broadcast_streams_a_lazy_iterator_against_announced_specs(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda refs, **kw: refs)
+    tensors = {"a": torch.randn(2, 3), "b": torch.arange(4, dtype=torch.int32)}
+    specs = tensor_specs(tensors.items())
+    engines, group = [_FakeEngine(), _FakeEngine()], _RecordingGroup()
+    broadcast_weights_to_engines(engines, iter(tensors.items()), group, specs=specs)
+    assert all(engine.announced == [tuple(s) for s in specs] for engine in engines)
+    assert [torch.equal(a, b) for a, b in zip(group.sent, tensors.values())] == [True, True]
+
+    with pytest.raises(RuntimeError, match="tensor 1 is"):
+        broadcast_weights_to_engines(engines, iter([("a", tensors["a"]), ("b", tensors["a"])]), _RecordingGroup(),
+                                     specs=specs)
+    with pytest.raises(RuntimeError, match="1 tensors sent, 2 announced"):
+        broadcast_weights_to_engines(engines, iter([("a", tensors["a"])]), _RecordingGroup(), specs=specs)

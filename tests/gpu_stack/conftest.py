@@ -1,0 +1,38 @@
+"""A bf16 tiny agent with tied embeddings (saved the way hub checkpoints are) and a config to build its worker."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
+
+
+@pytest.fixture(scope="session")
+def bf16_tied_agent(tmp_path_factory) -> str:
+    """A 2-layer Qwen3 (tied embeddings) stored in bfloat16, with its tokenizer."""
+    import torch
+
+    from openrlhf_hacpo.zoo.models import ModelSpec, build_model
+    from openrlhf_hacpo.zoo.tokenizers import build_tokenizer
+
+    tokenizer = build_tokenizer("bpe")
+    spec = ModelSpec(family="qwen3", hidden_size=64, num_layers=2, num_heads=2, head_dim=32, num_kv_heads=1,
+                     intermediate_size=64, tie_word_embeddings=True)
+    model = build_model(spec, tokenizer, seed=5).to(torch.bfloat16)
+    path = tmp_path_factory.mktemp("agents") / "qwen_bf16"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def worker_config(pretrain: str, save_path, *extra: str):
+    """A one-agent run configuration (fp32 training unless ``--bf16`` is given)."""
+    from openrlhf_hacpo.cli.train_hacpo import build_config
+
+    return build_config(["--agent", f"name=qwen,pretrain={pretrain}", "--prompt_data", "unused.jsonl",
+                         "--rollout_batch_size", "2", "--n_samples_per_prompt", "2", "--train_batch_size", "4",
+                         "--micro_train_batch_size", "4", "--init_kl_coef", "0", "--no_ray",
+                         "--save_path", str(save_path), "--no_progress_bar", *extra])
