@@ -95,6 +95,11 @@ class AgentGroup:
         self.engines: list[Any] = []
         self._placement_group = None
         self._broadcast_ready = False
+        self._engines_sleep = False
+        self._engines_awake = False
+
+    placement_timeout_s: float = 300.0
+    """How long to wait for Ray to place a placement group before failing with the GPU counts."""
 
     # ------------------------------------------------------------------------------------------------ launch
     def launch(self) -> Pending:
@@ -128,6 +133,7 @@ class AgentGroup:
 
         from openrlhf_hacpo.actors.policy import PolicyActor
         from openrlhf_hacpo.actors.reference import ReferenceActor
+        from openrlhf_hacpo.engines.placement import wait_placement_group
 
         dp = self.agent.dp_size
         colocate = self.cfg.colocate_all_models
@@ -139,7 +145,9 @@ class AgentGroup:
             if colocate and self.cfg.rollout_backend == "vllm":
                 bundles = max(dp, self.agent.vllm_num_engines * self.agent.vllm_tensor_parallel_size)
             self._placement_group = placement_group([{"GPU": 1, "CPU": 1}] * bundles, strategy="PACK")
-            ray.get(self._placement_group.ready())
+            wait_placement_group(self._placement_group, self.placement_timeout_s,
+                                 f"agent {self.name!r}: {bundles} GPU bundle(s) for its policy"
+                                 + (" and colocated engines" if bundles > dp else ""))
             shares = 1 + int(self.needs_reference) + int(colocate and self.cfg.rollout_backend == "vllm")
             policy_gpus = 1.0 / shares if shares > 1 else 1.0
             strategies = [{"scheduling_strategy": PlacementGroupSchedulingStrategy(
@@ -157,36 +165,78 @@ class AgentGroup:
                 pad_token_id=0, micro_batch_size=self.cfg.micro_train_batch_size,
                 logprob_path=self.cfg.logprob_path, kernel_backend=self.cfg.kernel_backend)
             refs.append(self.reference.setup.remote())
-        if self.cfg.rollout_backend == "vllm":
+        # colocated engines start once the policies hold their GPU memory, so vLLM sizes its cache to what is left
+        engines_after_policies = self.use_gpu and colocate
+        if self.cfg.rollout_backend == "vllm" and not engines_after_policies:
             self._create_engines()
         n_policy = len(self.policies)
 
         def combine(values: list[Any]) -> list[dict[str, Any]]:
             if self.reference is not None:
                 ray.get([p.set_reference.remote(self.reference) for p in self.policies])
+            if self.cfg.rollout_backend == "vllm" and engines_after_policies:
+                self._create_engines()
             return values[:n_policy]
 
         return Pending(self, "policy", refs, combine, remote=True)
 
     def _create_engines(self) -> None:
+        from openrlhf_hacpo.engines.settings import resolve_engine_settings
         from openrlhf_hacpo.engines.vllm_engine import create_vllm_engines
 
-        agent = self.agent
+        agent, cfg = self.agent, self.cfg
+        colocated = self.use_gpu and cfg.colocate_all_models
+        settings = resolve_engine_settings(self.use_gpu, colocated, cfg.vllm_enforce_eager,
+                                           cfg.vllm_gpu_memory_utilization, cfg.vllm_enable_sleep)
         kwargs: dict[str, Any] = dict(
             dtype="bfloat16" if agent.bf16 else "float32",
-            enforce_eager=self.cfg.vllm_enforce_eager,
-            gpu_memory_utilization=self.cfg.vllm_gpu_memory_utilization,
+            enforce_eager=settings.enforce_eager,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            enable_sleep_mode=settings.enable_sleep_mode,
         )
-        if self.use_gpu and self.cfg.colocate_all_models:
-            kwargs.update(shared_placement_group=self._placement_group, num_gpus_per_engine=0.2)
+        if colocated:
+            kwargs["shared_placement_group"] = self._placement_group
+        if not self.use_gpu:
+            kwargs["cpu_omp_threads_binds"] = self._cpu_core_binds()
         self.engines = create_vllm_engines(
             agent.vllm_num_engines, agent.vllm_tensor_parallel_size, agent.pretrain,
-            seed=self.cfg.seed + 1000 * self.index,
+            seed=cfg.seed + 1000 * self.index,
             # room for the longest response asked for: rollouts or (possibly longer) evaluation responses
-            max_model_len=self.cfg.prompt_max_len + max(self.cfg.generate_max_len,
-                                                         self.cfg.eval_generate_max_len or 0),
-            use_gpu=self.use_gpu, num_cpus_per_engine=1.0 if self.use_gpu else 0.0,
+            max_model_len=cfg.prompt_max_len + max(cfg.generate_max_len, cfg.eval_generate_max_len or 0),
+            use_gpu=self.use_gpu, num_cpus_per_engine=0.0, placement_timeout_s=self.placement_timeout_s,
             name_prefix=None, **kwargs)
+        self._engines_sleep = settings.enable_sleep_mode
+        if self._engines_sleep:
+            self._engines_call("sleep")
+
+    def _cpu_core_binds(self) -> list[str]:
+        """This agent's share of the host's cores for its CPU engines: every engine of every agent gets its own
+        cores (agents before this one take the first ranges)."""
+        import os
+
+        from openrlhf_hacpo.engines.placement import spread_cpu_cores
+
+        counts = [a.vllm_num_engines for a in self.cfg.resolved_agents()]
+        binds = spread_cpu_cores(sum(counts), sorted(os.sched_getaffinity(0)))
+        offset = sum(counts[:self.index])
+        return binds[offset:offset + counts[self.index]]
+
+    def _engines_call(self, method: str) -> None:
+        import ray
+
+        ray.get([getattr(engine, method).remote() for engine in self.engines])
+
+    def _wake_engines(self) -> None:
+        """Sleep mode: engines hold GPU memory only from a weight sync or a generation to the end of the next
+        generation."""
+        if self._engines_sleep and not self._engines_awake:
+            self._engines_call("wake_up")
+            self._engines_awake = True
+
+    def _sleep_engines(self) -> None:
+        if self._engines_sleep and self._engines_awake:
+            self._engines_call("sleep")
+            self._engines_awake = False
 
     # ------------------------------------------------------------------------------------------------ calls
     def _call(self, workers: Sequence[Any], method: str, args_per_worker: Sequence[tuple], role: str,
@@ -258,6 +308,7 @@ class AgentGroup:
         """Responses only (no scoring), prompt-major like :meth:`RolloutEngine.generate`; used for evaluation."""
         if self.cfg.rollout_backend == "vllm":
             prompt_ids = self.render_prompts(prompts)
+            self._wake_engines()
             shards = _split(list(range(len(prompts))), len(self.engines))
             args = [([prompt_ids[i] for i in shard], _shard_sampling(sampling, e)) for e, shard in enumerate(shards)]
             workers, role = self.engines, "vLLM engine"
@@ -267,6 +318,8 @@ class AgentGroup:
             workers, role = self.policies, "policy"
 
         def combine(parts: list[list[GenerationOutput]]) -> list[GenerationOutput]:
+            if self.cfg.rollout_backend == "vllm":
+                self._sleep_engines()
             out = []
             for shard, outs in zip(shards, parts):
                 out.extend(_reindex(o, shard[o.prompt_index]) for o in outs)
@@ -316,6 +369,7 @@ class AgentGroup:
         if not self.engines:
             return 0.0
         t0 = time.perf_counter()
+        self._wake_engines()
         # NCCL cannot link two processes on one GPU: colocated engines take the object-store path
         mode = "broadcast" if self.use_gpu and not self.cfg.colocate_all_models else "object_store"
         if mode == "broadcast" and not self._broadcast_ready:

@@ -171,9 +171,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drop: the terminal EOS is not trained (official v1 code); keep: it is an action")
     g.add_argument("--vllm_num_engines", type=int, default=default("vllm_num_engines"), help="engines per agent")
     g.add_argument("--vllm_tensor_parallel_size", type=int, default=default("vllm_tensor_parallel_size"))
-    g.add_argument("--vllm_gpu_memory_utilization", type=float, default=default("vllm_gpu_memory_utilization"))
-    g.add_argument("--vllm_enable_cuda_graph", action="store_true",
-                   help="let vLLM capture CUDA graphs (default: eager mode)")
+    g.add_argument("--vllm_gpu_memory_utilization", type=float, default=default("vllm_gpu_memory_utilization"),
+                   help="GPU memory fraction of an engine (default: 0.95 on a dedicated GPU, 0.5 colocated)")
+    eager = g.add_mutually_exclusive_group()
+    eager.add_argument("--vllm_enable_cuda_graph", action="store_true",
+                       help="let vLLM capture CUDA graphs (the default on GPU)")
+    eager.add_argument("--vllm_enforce_eager", action="store_true",
+                       help="no CUDA graphs (the default on CPU; faster start, slower generation on GPU)")
+    sleep = g.add_mutually_exclusive_group()
+    sleep.add_argument("--vllm_enable_sleep", action="store_true",
+                       help="engines free their GPU memory between generations (the default when colocated)")
+    sleep.add_argument("--vllm_disable_sleep", action="store_true", help="engines keep their GPU memory")
     g.add_argument("--colocate_all_models", action="store_true",
                    help="place an agent's policy, reference and vLLM engines on the same GPUs")
 
@@ -382,7 +390,8 @@ def build_config(argv: Sequence[str] | None = None) -> TrainConfig:
         vllm_num_engines=args.vllm_num_engines,
         vllm_tensor_parallel_size=args.vllm_tensor_parallel_size,
         vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-        vllm_enforce_eager=not args.vllm_enable_cuda_graph,
+        vllm_enforce_eager=True if args.vllm_enforce_eager else False if args.vllm_enable_cuda_graph else None,
+        vllm_enable_sleep=True if args.vllm_enable_sleep else False if args.vllm_disable_sleep else None,
         colocate_all_models=args.colocate_all_models,
         reward_fn=args.reward_fn,
         reward_num_workers=args.reward_num_workers,

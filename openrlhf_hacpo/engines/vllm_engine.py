@@ -21,6 +21,12 @@ from openrlhf_hacpo.engines.base import (
     derive_seed,
     validate_prompts,
 )
+from openrlhf_hacpo.engines.placement import (
+    node_sorted_bundles,
+    plan_engine_placements,
+    ray_noset_visible_devices,
+    wait_placement_group,
+)
 from openrlhf_hacpo.engines.weight_sync import WORKER_EXTENSION, TensorSpec, pack_named_tensors
 
 
@@ -58,7 +64,10 @@ class VLLMEngine:
         enable_prefix_caching: reuse KV blocks of shared prompt prefixes; the cache is reset after weight updates.
         gpu_memory_utilization: GPU memory fraction for weights + KV cache (GPU only).
         cpu_kvcache_space_gb: KV-cache size on CPU (sets `VLLM_CPU_KVCACHE_SPACE`; CPU only).
-        cpu_omp_threads_bind: `VLLM_CPU_OMP_THREADS_BIND` ("auto", "nobind", "0-3", ...); default vLLM's.
+        cpu_omp_threads_bind: `VLLM_CPU_OMP_THREADS_BIND` ("auto", "nobind", "0-3", "2,3", ...); default vLLM's.
+        placement_env: `VLLM_RAY_BUNDLE_INDICES` / `VLLM_RAY_PER_WORKER_GPUS` for the tensor-parallel workers
+            (`EnginePlacement.vllm_env`), set while the engine starts.
+        enable_sleep_mode: build the engine so that `sleep` can free its GPU memory between generations.
         **llm_kwargs: passed to `vllm.LLM` as they are.
     """
 
@@ -75,6 +84,8 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.9,
         cpu_kvcache_space_gb: int = 1,
         cpu_omp_threads_bind: str | None = None,
+        placement_env: dict[str, str] | None = None,
+        enable_sleep_mode: bool = False,
         **llm_kwargs: Any,
     ) -> None:
         if not os.path.isdir(pretrain):
@@ -96,11 +107,19 @@ class VLLMEngine:
                 spawn_env["TORCHDYNAMO_DISABLE"] = "1"
         else:
             llm_kwargs.setdefault("gpu_memory_utilization", gpu_memory_utilization)
+            if enable_sleep_mode:
+                llm_kwargs["enable_sleep_mode"] = True
+            spawn_env.update(placement_env or {})
             if tensor_parallel_size > 1:
-                # The workers are Ray actors in this actor's placement group, each with its own GPU; this actor's
-                # CUDA_VISIBLE_DEVICES (set by Ray for a 0-GPU actor) must not constrain them.
+                # The workers are Ray actors in this actor's placement group (bundles and GPU shares from
+                # placement_env); this actor's CUDA_VISIBLE_DEVICES (set by Ray for a 0-GPU actor) must not
+                # constrain them.
                 llm_kwargs.setdefault("distributed_executor_backend", "ray")
                 os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            elif ray_noset_visible_devices():
+                # Ray left CUDA_VISIBLE_DEVICES unset: pin the engine to the GPU Ray assigned to this actor
+                os.environ["CUDA_VISIBLE_DEVICES"] = str(ray.get_gpu_ids()[0])
+        self.sleeping = False
 
         self.pretrain = pretrain
         self.tensor_parallel_size = tensor_parallel_size
@@ -223,6 +242,18 @@ class VLLMEngine:
     def close_weight_sync_group(self) -> None:
         self.llm.collective_rpc("close_weight_sync_group")
 
+    def sleep(self, level: int = 1) -> None:
+        """Free the engine's GPU memory until `wake_up` (level 1: weights to host memory, KV cache dropped);
+        needs `enable_sleep_mode=True`."""
+        if not self.sleeping:
+            self.llm.sleep(level=level)
+            self.sleeping = True
+
+    def wake_up(self) -> None:
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
     def reset_prefix_cache(self) -> bool:
         """Drop cached KV blocks (they were computed with the old weights)."""
         return bool(self.llm.reset_prefix_cache())
@@ -244,17 +275,20 @@ def create_vllm_engines(
     *,
     use_gpu: bool | None = None,
     num_cpus_per_engine: float = 1.0,
-    num_gpus_per_engine: float = 1.0,
     shared_placement_group=None,
+    cpu_omp_threads_binds: Sequence[str] | None = None,
+    placement_timeout_s: float = 300.0,
     name_prefix: str | None = None,
     **engine_kwargs: Any,
 ) -> list:
     """Start `num_engines` `VLLMEngineActor`s (engine i gets seed `seed + i`) and wait until they are up.
 
-    GPU: each engine gets a placement group of `tensor_parallel_size` bundles {GPU: 1, CPU: 1} (PACK), the actor sits
-    on bundle 0 and, with TP > 1, vLLM's Ray workers fill the bundles. To colocate engines with a policy, pass that
-    placement group as `shared_placement_group` (engine i uses bundles i*tp ...) and a fractional
-    `num_gpus_per_engine`. CPU: each actor asks for `num_cpus_per_engine` (may be fractional) and no GPU.
+    GPU: the engines share one placement group of `num_engines * tensor_parallel_size` bundles {GPU: 1, CPU: 1}
+    (PACK), or, to colocate them with a policy, that policy's group (`shared_placement_group`). Engine i's actor
+    and workers take the bundles `plan_engine_placements` gives it (whole GPUs when dedicated, a share when
+    colocated; with TP > 1 vLLM's Ray workers are told their bundles and shares). A group that cannot be placed
+    raises `TimeoutError` after `placement_timeout_s`. CPU: each actor asks for `num_cpus_per_engine` (may be
+    fractional) and no GPU; `cpu_omp_threads_binds[i]` binds engine i's threads (see `spread_cpu_cores`).
     `use_gpu` defaults to "the Ray cluster has GPUs".
     """
     from ray.util.placement_group import placement_group
@@ -266,39 +300,51 @@ def create_vllm_engines(
         raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
     if not os.path.isdir(pretrain):
         raise FileNotFoundError(f"vLLM engines: model folder {pretrain!r} does not exist")
+    if cpu_omp_threads_binds is not None and len(cpu_omp_threads_binds) != num_engines:
+        raise ValueError(f"{len(cpu_omp_threads_binds)} CPU bindings given for {num_engines} engines")
     if use_gpu is None:
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
 
+    placements = []
+    group = shared_placement_group
+    if use_gpu:
+        if group is None:
+            group = placement_group([{"GPU": 1, "CPU": 1}] * (num_engines * tensor_parallel_size), strategy="PACK")
+            wait_placement_group(group, placement_timeout_s,
+                                 f"{name_prefix or 'vLLM engines'}: {num_engines} engine(s) x TP "
+                                 f"{tensor_parallel_size} GPUs")
+        placements = plan_engine_placements(num_engines, tensor_parallel_size,
+                                            colocated=shared_placement_group is not None,
+                                            bundle_order=node_sorted_bundles(group))
     engines = []
     for index in range(num_engines):
         options: dict[str, Any] = {}
+        kwargs = dict(engine_kwargs)
         if name_prefix is not None:
             options["name"] = f"{name_prefix}_{index}"
         if use_gpu:
-            if shared_placement_group is not None:
-                group, bundle = shared_placement_group, index * tensor_parallel_size
-            else:
-                group = placement_group([{"GPU": 1, "CPU": 1}] * tensor_parallel_size, strategy="PACK")
-                ray.get(group.ready())
-                bundle = 0
+            placement = placements[index]
             options.update(
-                num_cpus=0 if tensor_parallel_size > 1 else num_cpus_per_engine,
-                num_gpus=0 if tensor_parallel_size > 1 else num_gpus_per_engine,
+                num_cpus=0,
+                num_gpus=placement.actor_gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=group,
-                    placement_group_bundle_index=bundle,
+                    placement_group_bundle_index=placement.bundle_index,
                     placement_group_capture_child_tasks=True,
                 ),
             )
+            kwargs["placement_env"] = placement.vllm_env()
         else:
             options.update(num_cpus=num_cpus_per_engine, num_gpus=0)
+            if cpu_omp_threads_binds is not None:
+                kwargs["cpu_omp_threads_bind"] = cpu_omp_threads_binds[index]
         engines.append(
             VLLMEngineActor.options(**options).remote(
                 pretrain,
                 tensor_parallel_size=tensor_parallel_size,
                 seed=seed + index,
                 max_model_len=max_model_len,
-                **engine_kwargs,
+                **kwargs,
             )
         )
     ray.get([engine.ready.remote() for engine in engines])

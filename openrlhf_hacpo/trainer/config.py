@@ -200,8 +200,11 @@ class TrainConfig:
     eos_policy: str = "drop"
     vllm_num_engines: int = 1
     vllm_tensor_parallel_size: int = 1
-    vllm_gpu_memory_utilization: float = 0.5
-    vllm_enforce_eager: bool = True
+    # None: chosen per device by openrlhf_hacpo.engines.settings (CPU: eager; GPU: CUDA graphs, 0.95 of a
+    # dedicated GPU, 0.5 and sleep mode when colocated)
+    vllm_gpu_memory_utilization: float | None = None
+    vllm_enforce_eager: bool | None = None
+    vllm_enable_sleep: bool | None = None
     colocate_all_models: bool = False
 
     # -- rewards
@@ -291,7 +294,9 @@ class TrainConfig:
             _check_str(name, getattr(self, name))
         for name in ("ckpt_path", "use_tensorboard", "wandb_run_name", "eval_data"):
             _check_str(name, getattr(self, name), allow_none=True)
-        for name in ("apply_chat_template", "vllm_enforce_eager", "colocate_all_models", "bf16",
+        for name in ("vllm_enforce_eager", "vllm_enable_sleep"):
+            _check_bool(name, getattr(self, name), allow_none=True)
+        for name in ("apply_chat_template", "colocate_all_models", "bf16",
                      "gradient_checkpointing", "save_hf", "save_rollouts", "use_wandb", "progress_bar", "resume",
                      "use_ray", "eval_before_training"):
             _check_bool(name, getattr(self, name))
@@ -316,7 +321,7 @@ class TrainConfig:
         _check_real("eval_temperature", self.eval_temperature, low=0.0, low_open=True)
         _check_real("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
         _check_real("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, low=0.0, high=1.0,
-                    low_open=True)
+                    low_open=True, allow_none=True)
         _check_real("reward_timeout", self.reward_timeout, low=0.0, low_open=True, allow_none=True)
         _check_real("actor_learning_rate", self.actor_learning_rate, low=0.0)
         _check_real("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)

@@ -38,6 +38,7 @@ from openrlhf_hacpo.trainer.checkpoint import CheckpointManager, capture_rng_sta
 from openrlhf_hacpo.trainer.config import TrainConfig
 from openrlhf_hacpo.trainer.evaluation import Evaluator, load_eval_records
 from openrlhf_hacpo.trainer.metrics import MetricsLogger
+from openrlhf_hacpo.trainer.preflight import resolve_attention, resolve_hub_models, run_gpu_stack_preflight
 
 __all__ = ["HACPOController", "TrainingError", "wait_all"]
 
@@ -139,8 +140,11 @@ class HACPOController:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
+        resolve_hub_models(cfg)
+        resolve_attention(cfg)
         self.preflight()
         use_gpu = self._use_gpu()
+        run_gpu_stack_preflight(cfg, use_gpu, self._cluster_gpus())
         total_updates = self.total_steps * cfg.updates_per_step
         self.groups = [AgentGroup(cfg, i, total_updates, use_gpu=use_gpu) for i in range(cfg.num_agents)]
         launches = [g.launch() for g in self.groups]
@@ -175,6 +179,13 @@ class HACPOController:
 
         self._init_ray()
         return ray.cluster_resources().get("GPU", 0) > 0
+
+    def _cluster_gpus(self) -> float | None:
+        if not self.cfg.use_ray:
+            return None
+        import ray
+
+        return float(ray.cluster_resources().get("GPU", 0))
 
     def _init_ray(self) -> None:
         import ray
@@ -361,6 +372,8 @@ class HACPOController:
         self.tracker.load_state_dict(state["tracker"])
         restore_rng_state(state["rng"])
         self.last_checkpoint = checkpoint
+        # the engines were built from `pretrain`: the first rollout must sample from the restored weights
+        self._guard(lambda: [g.sync_weights() for g in self.groups], f"syncing the weights of {checkpoint}")
         logger.info("resumed from %s (step %d)", checkpoint, self.step)
 
     def save_hf(self) -> list[str]:

@@ -76,8 +76,8 @@ class _Receiver:
                 from openrlhf_hacpo.engines.weight_sync import receive_broadcast_tensors
 
                 def run():
-                    receiver.received.update(
-                        (n, t.clone()) for n, t in receive_broadcast_tensors(receiver.group, specs, torch.device("cpu")))
+                    stream = receive_broadcast_tensors(receiver.group, specs, torch.device("cpu"))
+                    receiver.received.update((n, t.clone()) for n, t in stream)
 
                 thread = threading.Thread(target=run)
                 thread.start()

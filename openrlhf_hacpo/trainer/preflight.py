@@ -1,0 +1,198 @@
+"""Checks and resolutions run before any Ray worker starts, so a run that cannot start fails in seconds, naming the
+agent at fault and the values that would work:
+
+* `resolve_hub_models`: the vLLM backend loads models from local folders; an agent whose ``pretrain`` is a hub id
+  is downloaded with ``huggingface_hub.snapshot_download`` (or found in the local cache), else a clear error says
+  which folder to set.
+* `resolve_attention`: ``flash_attention_2`` needs the flash-attn package (a separate install step, docs/gpu.md);
+  without it the agents fall back to ``sdpa`` with a warning.
+* `check_gpu_count`: the GPUs every agent needs (policy ranks, plus dedicated engine GPUs) against the cluster's;
+  three 4-GPU agents on 8 GPUs would otherwise wait forever for their placement groups.
+* `check_vllm_compatibility`: each agent's architecture against the vLLM attention backend of the device (head
+  size, dtype) and the context the run asks for (prompt + generation length against the model's maximum).
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from openrlhf_hacpo.trainer.config import TrainConfig
+
+__all__ = ["GpuDemand", "check_gpu_count", "check_vllm_compatibility", "gpu_demand", "resolve_attention",
+           "resolve_hub_models", "vllm_head_sizes"]
+
+logger = logging.getLogger(__name__)
+
+# vLLM 0.32's CPU attention backend (`CPUAttentionBackend.get_supported_head_sizes`); read from the installed
+# backend when it imports, this list otherwise.
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+ENGINE_DTYPES = {"cpu": (torch.float16, torch.bfloat16, torch.float32),
+                 "cuda": (torch.float16, torch.bfloat16, torch.float32)}
+
+
+# ---------------------------------------------------------------------------------------------------------- GPUs
+@dataclass(frozen=True)
+class GpuDemand:
+    """GPUs one agent occupies: policy ranks (the reference and colocated engines share theirs) and dedicated
+    engine GPUs."""
+
+    agent: str
+    policy: int
+    engines: int
+
+    @property
+    def total(self) -> int:
+        return self.policy + self.engines
+
+
+def gpu_demand(cfg: TrainConfig) -> list[GpuDemand]:
+    """Per agent: ``dp_size`` policy GPUs; with the vllm backend ``vllm_num_engines * tp`` engine GPUs, which with
+    ``--colocate_all_models`` sit on the policy's bundles (the agent then needs max(dp, engines * tp))."""
+    out = []
+    for agent in cfg.resolved_agents():
+        engines = agent.vllm_num_engines * agent.vllm_tensor_parallel_size if cfg.rollout_backend == "vllm" else 0
+        if cfg.colocate_all_models:
+            out.append(GpuDemand(agent.name, max(agent.dp_size, engines), 0))
+        else:
+            out.append(GpuDemand(agent.name, agent.dp_size, engines))
+    return out
+
+
+def check_gpu_count(cfg: TrainConfig, cluster_gpus: float) -> None:
+    """Raise ``ValueError`` when the agents need more GPUs than the Ray cluster has, listing every agent's count."""
+    demands = gpu_demand(cfg)
+    needed = sum(d.total for d in demands)
+    if needed <= cluster_gpus:
+        return
+    parts = ", ".join(f"{d.agent!r} {d.total} ({d.policy} policy"
+                      + (f" + {d.engines} vLLM" if d.engines else "") + ")" for d in demands)
+    layout = "colocated" if cfg.colocate_all_models else "dedicated engine GPUs"
+    raise ValueError(f"the agents need {needed} GPUs ({layout}): {parts}; the Ray cluster has {cluster_gpus:g}. "
+                     "Lower dp_size / vllm_num_engines / vllm_tensor_parallel_size, use --colocate_all_models, "
+                     "or add nodes")
+
+
+# ---------------------------------------------------------------------------------------------------------- vLLM
+def vllm_head_sizes(device: str) -> Callable[[int], bool]:
+    """Whether the device's vLLM attention backends support a head size.
+
+    CPU: the CPU backend's list. GPU: FlashAttention (multiples of 8 up to 256) or, as vLLM's fallback, the Triton
+    backend (>= 32).
+    """
+    if device == "cpu":
+        sizes = CPU_HEAD_SIZES
+        try:
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+            sizes = tuple(CPUAttentionBackend.get_supported_head_sizes())
+        except Exception:  # noqa: BLE001 - vllm absent or laid out differently: keep the pinned line's list
+            pass
+        return lambda size: size in sizes
+    return lambda size: (size % 8 == 0 and size <= 256) or size >= 32
+
+
+def _head_size(config) -> int | None:
+    head = getattr(config, "head_dim", None)
+    if head:
+        return int(head)
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    return int(hidden) // int(heads) if hidden and heads else None
+
+
+def check_vllm_compatibility(cfg: TrainConfig, model_configs: Mapping[str, Any], device: str) -> None:
+    """Raise ``ValueError`` naming the agent when its model cannot run on the device's vLLM backend.
+
+    ``model_configs`` maps agent names to their Hugging Face configs; ``device`` is "cpu" or "cuda".
+    """
+    supports = vllm_head_sizes(device)
+    context = cfg.prompt_max_len + cfg.generate_max_len
+    for agent in cfg.resolved_agents():
+        config = model_configs[agent.name]
+        head = _head_size(config)
+        if head is not None and not supports(head):
+            rule = (f"one of {', '.join(map(str, CPU_HEAD_SIZES))}" if device == "cpu" else
+                    "a multiple of 8 up to 256, or >= 32")
+            raise ValueError(f"agent {agent.name!r}: head size {head} of {agent.pretrain!r} is not supported by "
+                             f"vLLM's {device} attention backend (supported: {rule}); use --rollout_backend hf for "
+                             "this run")
+        dtype = torch.bfloat16 if agent.bf16 else torch.float32
+        if dtype not in ENGINE_DTYPES[device]:
+            raise ValueError(f"agent {agent.name!r}: vLLM on {device} does not run {dtype}")
+        limit = getattr(config, "max_position_embeddings", None)
+        if limit is not None and context > int(limit):
+            raise ValueError(f"agent {agent.name!r}: prompt_max_len + generate_max_len = {context} exceeds the "
+                             f"model's max_position_embeddings = {limit} ({agent.pretrain!r}); lower "
+                             "--prompt_max_len / --generate_max_len")
+
+
+# ---------------------------------------------------------------------------------------------------------- models
+def resolve_attention(cfg: TrainConfig, flash_attn_available: bool | None = None) -> list[str]:
+    """Replace ``flash_attention_2`` by ``sdpa`` when flash-attn does not import; returns the agents changed."""
+    if flash_attn_available is None:
+        flash_attn_available = importlib.util.find_spec("flash_attn") is not None
+    if flash_attn_available:
+        return []
+    changed = [a.name for a in cfg.resolved_agents() if a.attn_implementation == "flash_attention_2"]
+    if not changed:
+        return []
+    if cfg.attn_implementation == "flash_attention_2":
+        cfg.attn_implementation = "sdpa"
+    for agent in cfg.agents:
+        if agent.attn_implementation == "flash_attention_2":
+            agent.attn_implementation = "sdpa"
+    logger.warning("flash-attn is not installed: agents %s use attn_implementation='sdpa' (install flash-attn as in "
+                   "docs/gpu.md to use flash_attention_2)", changed)
+    return changed
+
+
+def _is_local(path: str) -> bool:
+    return os.path.exists(path) or os.path.isabs(path) or path.startswith((".", "~"))
+
+
+def resolve_hub_models(cfg: TrainConfig, download: Callable[..., str] | None = None) -> dict[str, str]:
+    """With the vllm backend, replace each hub id in the agents' ``pretrain`` by a local snapshot folder.
+
+    ``download`` defaults to ``huggingface_hub.snapshot_download`` (which answers from the local cache when the hub
+    is unreachable or ``HF_HUB_OFFLINE=1``). Returns {agent: folder} of the agents resolved; raises
+    ``FileNotFoundError`` naming the agent and what to set when the model cannot be had.
+    """
+    if cfg.rollout_backend != "vllm":
+        return {}
+    if download is None:
+        from huggingface_hub import snapshot_download as download
+    resolved: dict[str, str] = {}
+    for agent in cfg.agents:
+        if _is_local(agent.pretrain):
+            continue
+        try:
+            folder = download(repo_id=agent.pretrain)
+        except Exception as err:  # noqa: BLE001 - offline, unknown id, gated model: all end in the same advice
+            raise FileNotFoundError(
+                f"agent {agent.name!r}: the vllm backend needs a local model folder and {agent.pretrain!r} could not "
+                f"be downloaded from the Hugging Face hub ({type(err).__name__}: {str(err).splitlines()[0]}). "
+                f"Download it where the hub is reachable (huggingface-cli download {agent.pretrain} --local-dir "
+                f"DIR) and set pretrain=DIR for this agent (MODEL_A / MODEL_B in the launchers)") from err
+        logger.info("agent %r: %s resolved to %s", agent.name, agent.pretrain, folder)
+        agent.pretrain = folder  # an agent without its own tokenizer reads it from the same folder
+        resolved[agent.name] = folder
+    return resolved
+
+
+def load_model_configs(cfg: TrainConfig) -> dict[str, Any]:
+    from transformers import AutoConfig
+
+    return {agent.name: AutoConfig.from_pretrained(agent.pretrain) for agent in cfg.resolved_agents()}
+
+
+def run_gpu_stack_preflight(cfg: TrainConfig, use_gpu: bool, cluster_gpus: float | None) -> None:
+    """The checks that need the device decision (after Ray is up): GPU counts, vLLM compatibility."""
+    if use_gpu and cfg.use_ray and cluster_gpus is not None:
+        check_gpu_count(cfg, cluster_gpus)
+    if cfg.rollout_backend == "vllm":
+        check_vllm_compatibility(cfg, load_model_configs(cfg), "cuda" if use_gpu else "cpu")

@@ -1,0 +1,77 @@
+"""Placement arithmetic of vLLM engines (bundles, GPU shares, the environment vLLM's Ray executor reads), CPU core
+spreading and the device-dependent engine defaults; hand-computed expectations, no Ray or GPU needed."""
+from __future__ import annotations
+
+import pytest
+
+from openrlhf_hacpo.engines.placement import (
+    EnginePlacement,
+    plan_engine_placements,
+    ray_noset_visible_devices,
+    spread_cpu_cores,
+)
+from openrlhf_hacpo.engines.settings import EngineSettings, resolve_engine_settings
+
+
+def test_dedicated_engines_with_tensor_parallelism_get_disjoint_whole_gpus():
+    plan = plan_engine_placements(num_engines=2, tensor_parallel_size=4, colocated=False)
+    assert plan == [EnginePlacement(0, 0.0, (0, 1, 2, 3), 1.0), EnginePlacement(4, 0.0, (4, 5, 6, 7), 1.0)]
+    assert plan[1].vllm_env() == {"VLLM_RAY_BUNDLE_INDICES": "4,5,6,7", "VLLM_RAY_PER_WORKER_GPUS": "1.0"}
+
+
+def test_colocated_engines_take_a_share_of_the_policy_bundles_in_node_order():
+    # Ray placed bundles 0, 2 on node A and 1, 3 on node B: each engine's shards must stay on one node
+    node_order = [0, 2, 1, 3]
+    plan = plan_engine_placements(num_engines=2, tensor_parallel_size=2, colocated=True, bundle_order=node_order)
+    assert [p.worker_bundles for p in plan] == [(0, 2), (1, 3)]
+    assert [p.bundle_index for p in plan] == [0, 1]
+    assert all(p.actor_gpus == 0.0 and p.per_worker_gpus == 0.2 for p in plan)
+    assert plan[0].vllm_env() == {"VLLM_RAY_BUNDLE_INDICES": "0,2", "VLLM_RAY_PER_WORKER_GPUS": "0.2"}
+
+
+def test_tensor_parallel_size_one_places_the_actor_itself():
+    dedicated = plan_engine_placements(3, 1, colocated=False)
+    colocated = plan_engine_placements(3, 1, colocated=True)
+    assert [(p.bundle_index, p.actor_gpus, p.worker_bundles) for p in dedicated] == [(0, 1.0, None), (1, 1.0, None),
+                                                                                     (2, 1.0, None)]
+    assert [p.actor_gpus for p in colocated] == [0.2, 0.2, 0.2]
+    assert all(p.vllm_env() == {} for p in dedicated + colocated)
+
+
+def test_every_bundle_of_n_agents_layouts_is_used_at_most_once_per_engine():
+    for engines, tp in [(1, 1), (2, 2), (4, 2), (3, 1), (1, 8)]:
+        plan = plan_engine_placements(engines, tp, colocated=True)
+        used = [b for p in plan for b in (p.worker_bundles or (p.bundle_index,))]
+        assert sorted(used) == list(range(engines * tp))
+
+
+def test_too_few_bundles_is_reported_with_the_counts():
+    with pytest.raises(ValueError, match="2 engines of tensor-parallel size 2 need 4 bundles, the placement group "
+                                         "has 3"):
+        plan_engine_placements(2, 2, colocated=True, bundle_order=[0, 1, 2])
+
+
+def test_cpu_engines_of_several_agents_get_their_own_cores():
+    assert spread_cpu_cores(2, [0, 1]) == ["0", "1"]
+    assert spread_cpu_cores(3, range(8)) == ["0,1", "2,3", "4,5"]
+    assert spread_cpu_cores(2, [4, 5, 6, 7], cores_per_engine=1) == ["4", "5"]
+    # more engines than cores: round-robin, one core each
+    assert spread_cpu_cores(3, [0, 1]) == ["0", "1", "0"]
+    with pytest.raises(ValueError, match="no CPU cores"):
+        spread_cpu_cores(1, [])
+
+
+def test_ray_noset_visible_devices_reads_the_ray_variables():
+    assert ray_noset_visible_devices({"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"})
+    assert not ray_noset_visible_devices({"CUDA_VISIBLE_DEVICES": "0"})
+    assert not ray_noset_visible_devices({"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_engine_defaults_per_device_and_layout():
+    assert resolve_engine_settings(on_gpu=False, colocated=False) == EngineSettings(True, 0.95, False)
+    assert resolve_engine_settings(on_gpu=True, colocated=False) == EngineSettings(False, 0.95, False)
+    assert resolve_engine_settings(on_gpu=True, colocated=True) == EngineSettings(False, 0.5, True)
+    given = resolve_engine_settings(True, True, enforce_eager=True, gpu_memory_utilization=0.4, enable_sleep=False)
+    assert given == EngineSettings(True, 0.4, False)
+    with pytest.raises(ValueError, match="--vllm_enable_sleep needs GPU engines"):
+        resolve_engine_settings(on_gpu=False, colocated=False, enable_sleep=True)
