@@ -362,22 +362,30 @@ class AgentGroup:
     def sync_weights(self) -> float:
         """Copy the policy's weights into the agent's vLLM engines; returns seconds spent (0 without engines).
 
-        GPU: a NCCL broadcast group from policy rank 0 to every engine worker; CPU (and colocated GPU engines): one
-        copy through the Ray object store."""
+        The path is :meth:`weight_sync_mode`'s; sleeping engines are woken first."""
         import time
 
         if not self.engines:
             return 0.0
         t0 = time.perf_counter()
         self._wake_engines()
-        # NCCL cannot link two processes on one GPU: colocated engines take the object-store path
-        mode = "broadcast" if self.use_gpu and not self.cfg.colocate_all_models else "object_store"
+        mode = self.weight_sync_mode()
         if mode == "broadcast" and not self._broadcast_ready:
             self._call(self.policies[:1], "init_engine_weight_sync", [(self.engines,)], "policy",
                        lambda v: v[0]).result()
             self._broadcast_ready = True
         self._all_policies("sync_weights_to_engines", self.engines, mode).result()
         return time.perf_counter() - t0
+
+    def weight_sync_mode(self) -> str:
+        """How weights reach the engines: NCCL broadcast to dedicated GPU engines; CUDA IPC to colocated ones when
+        every engine GPU holds a policy rank (NCCL cannot link two processes on one GPU); the object store else."""
+        if not self.use_gpu:
+            return "object_store"
+        if not self.cfg.colocate_all_models:
+            return "broadcast"
+        engine_gpus = self.agent.vllm_num_engines * self.agent.vllm_tensor_parallel_size
+        return "cuda_ipc" if self.agent.dp_size >= engine_gpus else "object_store"
 
     def weights(self) -> dict[str, Any]:
         """The policy's full weights by HF name, on CPU."""

@@ -668,7 +668,9 @@ class PolicyWorker:
 
         ``mode="object_store"`` puts one CPU copy into Ray's object store for every engine to load;
         ``"broadcast"`` streams each tensor over the group made by :meth:`init_engine_weight_sync`, announcing the
-        names, dtypes and full shapes first, so under ZeRO-3 each bucket is gathered, sent and released in turn.
+        names, dtypes and full shapes first, so under ZeRO-3 each bucket is gathered, sent and released in turn;
+        ``"cuda_ipc"`` (engines colocated on this agent's GPUs) hands the engines CUDA IPC handles of each bucket
+        from every rank's GPU, so each engine worker maps the copy on its own GPU (no host copy).
         Tied weights are sent under every name (vLLM keeps its own copy of a tied output projection). Returns the
         number of named tensors sent (0 on the other ranks).
         """
@@ -678,8 +680,10 @@ class PolicyWorker:
             push_weights_to_engines,
         )
 
-        if mode not in ("object_store", "broadcast"):
-            raise ValueError(f"weight sync mode must be 'object_store' or 'broadcast', got {mode!r}")
+        if mode not in ("object_store", "broadcast", "cuda_ipc"):
+            raise ValueError(f"weight sync mode must be 'object_store', 'broadcast' or 'cuda_ipc', got {mode!r}")
+        if mode == "cuda_ipc":
+            return self._sync_weights_cuda_ipc(engines)
         if mode == "object_store":
             named: list[tuple[str, torch.Tensor]] = []
             for bucket in self._weight_buckets():
@@ -702,6 +706,30 @@ class PolicyWorker:
                  for entry in weight_entries(self.model) for name in entry.names]
         broadcast_weights_to_engines(engines, stream, self._engine_group, specs=specs)
         return len(specs)
+
+    def _sync_weights_cuda_ipc(self, engines: Sequence[Any]) -> int:
+        """Per bucket: every rank makes IPC handles of its (gathered) tensors, rank 0 collects them by GPU and has
+        every engine load them, then all ranks move on together (the bucket's memory must outlive the loads)."""
+        import ray
+
+        from openrlhf_hacpo.engines.weight_sync import cuda_ipc_payload, gpu_uuid
+
+        sent = 0
+        for bucket in self._weight_buckets():
+            named = [(name, entry.tensor) for entry in bucket for name in entry.names]
+            payload, keep = cuda_ipc_payload(named)
+            by_gpu = {gpu_uuid(self.device): payload}
+            if self.world_size > 1:
+                gathered: list[Any] = [None] * self.world_size
+                torch.distributed.all_gather_object(gathered, by_gpu)
+                by_gpu = {uuid: data for part in gathered for uuid, data in part.items()}
+            if self.rank == 0:
+                ray.get([engine.update_weights_ipc.remote(by_gpu) for engine in engines])
+                sent += len(named)
+            if self.world_size > 1:
+                torch.distributed.barrier()
+            del keep
+        return sent
 
     def save_hf(self, path: str, dtype: str = "auto") -> str | None:
         """Write a ``from_pretrained``-loadable checkpoint (model, tokenizer, generation config) atomically.

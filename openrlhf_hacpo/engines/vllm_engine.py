@@ -239,6 +239,13 @@ class VLLMEngine:
         self._after_weight_update()
         return int(counts[0])
 
+    def update_weights_ipc(self, payload_by_gpu: dict[str, bytes]) -> int:
+        """CUDA IPC path: every worker loads the tensors whose handles were made on its GPU (see
+        `VLLMWorkerWeightSync.load_ipc_tensors`). Returns the number of tensors loaded."""
+        counts = self.llm.collective_rpc("load_ipc_tensors", args=(payload_by_gpu,))
+        self._after_weight_update()
+        return int(counts[0])
+
     def close_weight_sync_group(self) -> None:
         self.llm.collective_rpc("close_weight_sync_group")
 

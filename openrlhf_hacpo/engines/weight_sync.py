@@ -4,6 +4,9 @@ Two paths, both ending in vLLM's in-place weight reload inside every engine work
 
 * **Object store** (CPU, colocated GPU engines, any small model): the policy hands `{name: tensor}` to each engine
   actor through Ray's object store; the engine passes them, byte-encoded, to its workers with `LLM.collective_rpc`.
+* **CUDA IPC** (GPU engines colocated with the policy): the policy hands each engine worker CUDA IPC handles of the
+  tensors in its own GPU memory, one bucket at a time; the worker maps them and copies them into its model. No host
+  copy is made; the handles (a few hundred bytes per tensor) travel pickled as bytes.
 * **Collective broadcast** (dedicated GPU engines): a broadcast group joins the policy's rank 0 (group rank 0) and
   every worker of every engine of the agent (ranks 1..). Per sync the policy sends the list of (name, dtype, shape) to
   the engines, then broadcasts each tensor; the workers receive the tensors as the reload consumes them. On GPU the
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import pickle
 import socket
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -162,6 +166,33 @@ def reload_api(model_runner) -> str:
     return "load_weights"
 
 
+def gpu_uuid(device: torch.device | int) -> str:
+    """The physical identity of a CUDA device (stable across processes whatever their CUDA_VISIBLE_DEVICES)."""
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def cuda_ipc_payload(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[bytes, list[torch.Tensor]]:
+    """Pickled [(name, CUDA IPC handle)] of CUDA tensors, and the tensors the handles point into: the caller keeps
+    them alive until every receiver has copied them."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    keep = []
+    handles = []
+    for name, tensor in named_tensors:
+        tensor = tensor.detach().contiguous()
+        keep.append(tensor)
+        handles.append((name, reduce_tensor(tensor)))
+    return pickle.dumps(handles), keep
+
+
+def rebuild_ipc_tensor(handle, device_index: int) -> torch.Tensor:
+    """Map a CUDA IPC handle (from `reduce_tensor`) in this process, on its device `device_index`."""
+    rebuild, args = handle
+    args = list(args)
+    args[6] = device_index  # rebuild_cuda_tensor's storage_device: the same GPU under this process's numbering
+    return rebuild(*args)
+
+
 def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
@@ -209,6 +240,25 @@ class VLLMWorkerWeightSync:
 
     def close_weight_sync_group(self) -> None:
         self._weight_sync_group = None
+
+    def load_ipc_tensors(self, payload_by_gpu: dict[str, bytes]) -> int:
+        """CUDA IPC path: map the handles made on this worker's GPU and load the tensors. Returns their count.
+
+        Each bucket is loaded with `model.load_weights` (no layer-wise reload: a bucket holds part of the model, and
+        CUDA's unquantized layers need no post-load processing); the copy completes before the sender frees them.
+        """
+        uuid = gpu_uuid(self.device)
+        payload = payload_by_gpu.get(uuid)
+        if payload is None:
+            raise RuntimeError(f"CUDA IPC weight sync: no handles for this worker's GPU {uuid}; the policy ranks "
+                               f"sent handles for {sorted(payload_by_gpu)} (engine and policy must share GPUs)")
+        handles = pickle.loads(payload)
+        named = [(name, rebuild_ipc_tensor(handle, self.device.index)) for name, handle in handles]
+        runner = self.model_runner
+        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+        model.load_weights(weights=named)
+        torch.cuda.synchronize(self.device)
+        return len(named)
 
     def _reload_named_tensors(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         runner = self.model_runner

@@ -239,3 +239,25 @@ def test_broadcast_streams_a_lazy_iterator_against_announced_specs(monkeypatch):
                                      specs=specs)
     with pytest.raises(RuntimeError, match="1 tensors sent, 2 announced"):
         broadcast_weights_to_engines(engines, iter([("a", tensors["a"])]), _RecordingGroup(), specs=specs)
+
+
+def test_cuda_ipc_worker_loads_the_handles_made_on_its_own_gpu(monkeypatch):
+    """The IPC protocol with the CUDA specifics replaced: handles are looked up by the worker's GPU identity, mapped
+    and loaded with the model's load_weights; handles for other GPUs are ignored."""
+    import pickle
+
+    from openrlhf_hacpo.engines import weight_sync
+
+    mine = {"a": torch.randn(2, 2), "b": torch.arange(3.0)}
+    other = {"a": torch.zeros(2, 2), "b": torch.zeros(3)}
+    monkeypatch.setattr(weight_sync, "gpu_uuid", lambda device: "GPU-mine")
+    monkeypatch.setattr(weight_sync, "rebuild_ipc_tensor", lambda handle, index: handle)  # "handle" = the tensor
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    payload = {"GPU-mine": pickle.dumps(list(mine.items())), "GPU-other": pickle.dumps(list(other.items()))}
+    worker = _StandInWorker(rank=0, runner=_RunnerWithDiskReload())
+    worker.device = torch.device("cpu")
+    assert worker.load_ipc_tensors(payload) == 2
+    assert all(torch.equal(worker.loaded[n], t) for n, t in mine.items())
+
+    with pytest.raises(RuntimeError, match=r"no handles for this worker's GPU GPU-mine.*\['GPU-other'\]"):
+        worker.load_ipc_tensors({"GPU-other": payload["GPU-other"]})

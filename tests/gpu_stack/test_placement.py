@@ -75,3 +75,22 @@ def test_engine_defaults_per_device_and_layout():
     assert given == EngineSettings(True, 0.4, False)
     with pytest.raises(ValueError, match="--vllm_enable_sleep needs GPU engines"):
         resolve_engine_settings(on_gpu=False, colocated=False, enable_sleep=True)
+
+
+@pytest.mark.parametrize("use_gpu, colocate, dp, engines, tp, expected", [
+    (False, False, 1, 1, 1, "object_store"),
+    (True, False, 2, 2, 1, "broadcast"),
+    (True, True, 2, 2, 1, "cuda_ipc"),
+    (True, True, 2, 1, 2, "cuda_ipc"),
+    (True, True, 1, 1, 2, "object_store"),  # an engine GPU without a policy rank has no one to hand it handles
+])
+def test_weight_sync_path_per_layout(use_gpu, colocate, dp, engines, tp, expected):
+    from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+
+    agent = AgentConfig(name="a", pretrain="/models/a", dp_size=dp, vllm_num_engines=engines,
+                        vllm_tensor_parallel_size=tp)
+    cfg = TrainConfig(agents=[agent], prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2,
+                      n_samples_per_prompt=2, train_batch_size=4, micro_train_batch_size=1,
+                      colocate_all_models=colocate)
+    assert AgentGroup(cfg, 0, total_updates=1, use_gpu=use_gpu).weight_sync_mode() == expected
