@@ -105,8 +105,18 @@ def _head_size(config) -> int | None:
     return int(hidden) // int(heads) if hidden and heads else None
 
 
+def _rope_scaled(config) -> bool:
+    """RoPE scaling stretches the usable context beyond ``max_position_embeddings`` (vLLM applies the factor)."""
+    for name in ("rope_scaling", "rope_parameters"):
+        params = getattr(config, name, None)
+        if isinstance(params, dict) and params.get("rope_type", params.get("type")) not in (None, "default"):
+            return True
+    return False
+
+
 def check_vllm_compatibility(cfg: TrainConfig, model_configs: Mapping[str, Any], device: str) -> None:
-    """Raise ``ValueError`` naming the agent when its model cannot run on the device's vLLM backend.
+    """Raise ``ValueError`` naming the agent when its model cannot run on the device's vLLM backend (the context
+    check is skipped for RoPE-scaled models, whose limit vLLM derives from the scaling).
 
     ``model_configs`` maps agent names to their Hugging Face configs; ``device`` is "cpu" or "cuda".
     """
@@ -125,7 +135,7 @@ def check_vllm_compatibility(cfg: TrainConfig, model_configs: Mapping[str, Any],
         if dtype not in ENGINE_DTYPES[device]:
             raise ValueError(f"agent {agent.name!r}: vLLM on {device} does not run {dtype}")
         limit = getattr(config, "max_position_embeddings", None)
-        if limit is not None and context > int(limit):
+        if limit is not None and not _rope_scaled(config) and context > int(limit):
             raise ValueError(f"agent {agent.name!r}: prompt_max_len + generate_max_len = {context} exceeds the "
                              f"model's max_position_embeddings = {limit} ({agent.pretrain!r}); lower "
                              "--prompt_max_len / --generate_max_len")

@@ -94,3 +94,18 @@ def test_weight_sync_path_per_layout(use_gpu, colocate, dp, engines, tp, expecte
                       n_samples_per_prompt=2, train_batch_size=4, micro_train_batch_size=1,
                       colocate_all_models=colocate)
     assert AgentGroup(cfg, 0, total_updates=1, use_gpu=use_gpu).weight_sync_mode() == expected
+
+
+def test_cpu_engines_of_each_agent_take_the_next_core_ranges(monkeypatch):
+    import os
+
+    from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+
+    agents = [AgentConfig(name="a", pretrain="/m/a", vllm_num_engines=1),
+              AgentConfig(name="b", pretrain="/m/b", vllm_num_engines=2)]
+    cfg = TrainConfig(agents=agents, prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2,
+                      n_samples_per_prompt=2, train_batch_size=4, micro_train_batch_size=1)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)))
+    assert AgentGroup(cfg, 0, total_updates=1)._cpu_core_binds() == ["0,1"]
+    assert AgentGroup(cfg, 1, total_updates=1)._cpu_core_binds() == ["2,3", "4,5"]

@@ -109,3 +109,13 @@ def test_unreachable_hub_says_what_to_set():
                                                 r"'meta-llama/Llama-3.2-3B-Instruct' could not be downloaded .*OSError"
                                                 r".*set pretrain=DIR"):
         resolve_hub_models(cfg, offline)
+
+
+def test_rope_scaled_models_are_not_held_to_max_position_embeddings():
+    cfg = _cfg([_agent("long")])
+    scaled = _config(32, 80)
+    scaled.rope_scaling = {"rope_type": "yarn", "factor": 4.0}
+    check_vllm_compatibility(cfg, {"long": scaled}, "cpu")
+    scaled.rope_scaling = {"rope_type": "default"}
+    with pytest.raises(ValueError, match="exceeds"):
+        check_vllm_compatibility(cfg, {"long": scaled}, "cpu")
