@@ -1,4 +1,4 @@
-"""A bf16 tiny agent with tied embeddings (saved the way hub checkpoints are) and a config to build its worker."""
+"""A bf16 tiny agent with tied embeddings, saved the way hub checkpoints are."""
 from __future__ import annotations
 
 import os
@@ -26,13 +26,3 @@ def bf16_tied_agent(tmp_path_factory) -> str:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
-
-
-def worker_config(pretrain: str, save_path, *extra: str):
-    """A one-agent run configuration (fp32 training unless ``--bf16`` is given)."""
-    from openrlhf_hacpo.cli.train_hacpo import build_config
-
-    return build_config(["--agent", f"name=qwen,pretrain={pretrain}", "--prompt_data", "unused.jsonl",
-                         "--rollout_batch_size", "2", "--n_samples_per_prompt", "2", "--train_batch_size", "4",
-                         "--micro_train_batch_size", "4", "--init_kl_coef", "0", "--no_ray",
-                         "--save_path", str(save_path), "--no_progress_bar", *extra])

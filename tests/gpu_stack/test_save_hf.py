@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from conftest import worker_config
+from stack_fixtures import worker_config
 from safetensors import safe_open
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
