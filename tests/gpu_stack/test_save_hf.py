@@ -48,42 +48,36 @@ def test_saved_agent_reloads_equal_in_its_original_dtype(bf16_tied_agent, tmp_pa
 
 
 class _Receiver:
-    """An engine stand-in: its ``receive_broadcast_weights.remote(specs)`` receives on a gloo group in a thread."""
+    """An engine stand-in: ``receive_broadcast_weights.remote(specs)`` receives on a gloo group in a thread and
+    returns the thread (``ray.get`` is patched to join it)."""
 
     def __init__(self, port: int):
         import threading
+        from types import SimpleNamespace
 
         self.received: dict[str, torch.Tensor] = {}
         self.group = None
-        joined = threading.Thread(target=self._join, args=(port,))
-        joined.start()
-        self._joining = joined
+        self.receive_broadcast_weights = SimpleNamespace(remote=self._receive)
+        self._joining = threading.Thread(target=self._join, args=(port,))
+        self._joining.start()
 
     def _join(self, port):
         from openrlhf_hacpo.engines.weight_sync import create_weight_sync_group
 
         self.group = create_weight_sync_group("127.0.0.1", port, 1, 2, "sync_test", backend="gloo", timeout_s=60)
 
-    @property
-    def receive_broadcast_weights(self):
-        receiver = self
+    def _receive(self, specs):
+        import threading
 
-        class _Method:
-            @staticmethod
-            def remote(specs):
-                import threading
+        from openrlhf_hacpo.engines.weight_sync import receive_broadcast_tensors
 
-                from openrlhf_hacpo.engines.weight_sync import receive_broadcast_tensors
+        def run():
+            stream = receive_broadcast_tensors(self.group, specs, torch.device("cpu"))
+            self.received.update((n, t.clone()) for n, t in stream)
 
-                def run():
-                    stream = receive_broadcast_tensors(receiver.group, specs, torch.device("cpu"))
-                    receiver.received.update((n, t.clone()) for n, t in stream)
-
-                thread = threading.Thread(target=run)
-                thread.start()
-                return thread
-
-        return _Method()
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
 
 
 def test_zero3_broadcast_sends_every_name_in_small_buckets(bf16_tied_agent, tmp_path, monkeypatch):
