@@ -121,7 +121,8 @@ def check_vllm_compatibility(cfg: TrainConfig, model_configs: Mapping[str, Any],
     ``model_configs`` maps agent names to their Hugging Face configs; ``device`` is "cpu" or "cuda".
     """
     supports = vllm_head_sizes(device)
-    context = cfg.prompt_max_len + cfg.generate_max_len
+    # the engines are sized for the longer of rollout and evaluation responses
+    context = cfg.prompt_max_len + max(cfg.generate_max_len, cfg.eval_generate_max_len or 0)
     for agent in cfg.resolved_agents():
         config = model_configs[agent.name]
         head = _head_size(config)
@@ -136,9 +137,10 @@ def check_vllm_compatibility(cfg: TrainConfig, model_configs: Mapping[str, Any],
             raise ValueError(f"agent {agent.name!r}: vLLM on {device} does not run {dtype}")
         limit = getattr(config, "max_position_embeddings", None)
         if limit is not None and not _rope_scaled(config) and context > int(limit):
-            raise ValueError(f"agent {agent.name!r}: prompt_max_len + generate_max_len = {context} exceeds the "
-                             f"model's max_position_embeddings = {limit} ({agent.pretrain!r}); lower "
-                             "--prompt_max_len / --generate_max_len")
+            raise ValueError(f"agent {agent.name!r}: the engines' context, prompt_max_len + the longer of "
+                             f"generate_max_len and eval_generate_max_len = {context}, exceeds the model's "
+                             f"max_position_embeddings = {limit} ({agent.pretrain!r}); lower --prompt_max_len / "
+                             "--generate_max_len / --eval_generate_max_len")
 
 
 # ---------------------------------------------------------------------------------------------------------- models

@@ -71,8 +71,8 @@ def test_head_size_from_hidden_size_and_context_length():
     no_head_dim = SimpleNamespace(hidden_size=48, num_attention_heads=2, max_position_embeddings=128)
     with pytest.raises(ValueError, match="head size 24"):
         check_vllm_compatibility(cfg, {"short": no_head_dim}, "cpu")
-    with pytest.raises(ValueError, match=r"agent 'short': prompt_max_len \+ generate_max_len = 96 exceeds the "
-                                         r"model's max_position_embeddings = 80"):
+    with pytest.raises(ValueError, match=r"agent 'short': the engines' context, .* = 96, exceeds the model's "
+                                         r"max_position_embeddings = 80"):
         check_vllm_compatibility(cfg, {"short": _config(32, 80)}, "cpu")
 
 
@@ -119,3 +119,9 @@ def test_rope_scaled_models_are_not_held_to_max_position_embeddings():
     scaled.rope_scaling = {"rope_type": "default"}
     with pytest.raises(ValueError, match="exceeds"):
         check_vllm_compatibility(cfg, {"long": scaled}, "cpu")
+
+
+def test_context_check_covers_longer_evaluation_responses():
+    cfg = _cfg([_agent("a")], eval_generate_max_len=100)
+    with pytest.raises(ValueError, match="= 164, exceeds the model's max_position_embeddings = 128"):
+        check_vllm_compatibility(cfg, {"a": _config(32, 128)}, "cpu")
