@@ -2,8 +2,9 @@
 
 Three paths, each ending in an in-place load inside every engine worker:
 
-* **Object store** (CPU; colocated GPU engines on GPUs without a policy rank): the policy hands `{name: tensor}` to each engine
-  actor through Ray's object store; the engine passes them, byte-encoded, to its workers with `LLM.collective_rpc`.
+* **Object store** (CPU; colocated GPU engines on GPUs without a policy rank): the policy hands `{name: tensor}` to
+  each engine actor through Ray's object store; the engine passes them, byte-encoded, to its workers with
+  `LLM.collective_rpc`.
 * **CUDA IPC** (GPU engines colocated with the policy): the policy hands each engine worker CUDA IPC handles of the
   tensors in its own GPU memory, one bucket at a time; the worker maps them and copies them into its model. No host
   copy is made; the handles (a few hundred bytes per tensor) travel pickled as bytes.
@@ -15,8 +16,9 @@ Three paths, each ending in an in-place load inside every engine worker:
   vLLM's own groups, and it is built the same way by the policy and by every tensor-parallel worker. On CPU (tests)
   the same protocol runs on a standalone gloo group.
 
-How a worker loads the object-store and broadcast tensors depends on the vLLM version (`reload_api`): from vLLM 0.16 the model runner's
-`reload_weights(weights_iterator=..., is_checkpoint_format=True)` reloads in place and re-runs each layer's
+How a worker loads the object-store and broadcast tensors depends on the vLLM version (`reload_api`): from vLLM 0.16
+the model runner's `reload_weights(weights_iterator=..., is_checkpoint_format=True)` reloads in place and re-runs
+each layer's
 post-load processing (e.g. the CPU backend's packed GEMM weights); before that `reload_weights()` takes no
 arguments and reads the checkpoint from disk, so the tensors go to `model.load_weights(weights=...)` directly.
 
