@@ -18,9 +18,8 @@ Three paths, each ending in an in-place load inside every engine worker:
 
 How a worker loads the object-store and broadcast tensors depends on the vLLM version (`reload_api`): from vLLM 0.16
 the model runner's `reload_weights(weights_iterator=..., is_checkpoint_format=True)` reloads in place and re-runs
-each layer's
-post-load processing (e.g. the CPU backend's packed GEMM weights); before that `reload_weights()` takes no
-arguments and reads the checkpoint from disk, so the tensors go to `model.load_weights(weights=...)` directly.
+each layer's post-load processing (e.g. the CPU backend's packed GEMM weights); before that `reload_weights()` takes
+no arguments and reads the checkpoint from disk, so the tensors go to `model.load_weights(weights=...)` directly.
 
 `VLLMWorkerWeightSync` is the worker side; vLLM mixes it into its worker class through `worker_extension_cls`.
 """
