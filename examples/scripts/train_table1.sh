@@ -85,7 +85,6 @@ python3 -m openrlhf_hacpo.cli.train_hacpo \
    --rollout_backend vllm \
    --vllm_num_engines 2 \
    --vllm_tensor_parallel_size 1 \
-   --vllm_gpu_memory_utilization 0.6 \
    --actor_num_gpus_per_node 2 \
    --rollout_batch_size 128 \
    --train_batch_size 512 \

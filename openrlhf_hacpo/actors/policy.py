@@ -295,8 +295,9 @@ class PolicyWorker:
 
         for name in ("DeepSpeed", "deepspeed"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
-            else torch.device("cpu")
+        from openrlhf_hacpo.engines.placement import actor_device
+
+        self.device = actor_device()
         self._init_distributed()
         agent = self.agent
         self.tokenizer = load_tokenizer(agent)

@@ -40,7 +40,9 @@ class ReferenceWorker:
     def setup(self) -> dict[str, Any]:
         from transformers import AutoModelForCausalLM
 
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        from openrlhf_hacpo.engines.placement import actor_device
+
+        device = actor_device()
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 self.pretrain, dtype=torch.bfloat16 if self.bf16 else torch.float32,

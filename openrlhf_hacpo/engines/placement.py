@@ -126,6 +126,23 @@ def ray_noset_visible_devices(env: Mapping[str, str] | None = None) -> bool:
     return any(env.get(name) for name in NOSET_VISIBLE_DEVICES_ENV_VARS)
 
 
+def actor_device():
+    """The torch device a policy or reference worker runs on: CPU without CUDA; otherwise the first GPU Ray
+    assigned to this actor when Ray leaves `CUDA_VISIBLE_DEVICES` alone (every GPU of the node is then visible,
+    so the current device would be GPU 0 for every actor), else the current CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    if ray_noset_visible_devices():
+        import ray
+
+        gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []
+        if gpu_ids:
+            torch.cuda.set_device(int(float(gpu_ids[0])))
+    return torch.device("cuda", torch.cuda.current_device())
+
+
 def wait_placement_group(placement_group, timeout_s: float, what: str) -> None:
     """Wait until Ray has placed `placement_group`; after `timeout_s` remove it and raise `TimeoutError` naming
     `what` (e.g. "agent 'qwen': 4 policy GPUs"), with the cluster's total and free GPUs."""

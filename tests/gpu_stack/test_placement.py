@@ -109,3 +109,25 @@ def test_cpu_engines_of_each_agent_take_the_next_core_ranges(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)))
     assert AgentGroup(cfg, 0, total_updates=1)._cpu_core_binds() == ["0,1"]
     assert AgentGroup(cfg, 1, total_updates=1)._cpu_core_binds() == ["2,3", "4,5"]
+
+
+def test_actor_device_follows_the_gpu_ray_assigned_when_ray_leaves_visible_devices_alone(monkeypatch):
+    """With RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES every GPU is visible to every actor: the worker must select
+    its own GPU (Ray's assignment), not device 0. Without the variable the current device is kept."""
+    import ray
+    import torch
+
+    from openrlhf_hacpo.engines.placement import actor_device
+
+    selected = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: selected.append(index))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: selected[-1] if selected else 0)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_gpu_ids", lambda: ["3"])
+    monkeypatch.delenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", raising=False)
+    assert actor_device() == torch.device("cuda", 0) and selected == []
+    monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
+    assert actor_device() == torch.device("cuda", 3) and selected == [3]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert actor_device() == torch.device("cpu")
