@@ -8,7 +8,8 @@ coefficient is positive) and, for the ``vllm`` backend, ``vllm_num_engines`` vLL
 
 Methods that start work on the workers return a :class:`Pending`; ``Pending.result()`` waits for it. Starting the
 same phase on every agent before waiting on any makes the agents work concurrently. A worker that dies surfaces as
-:class:`AgentWorkerDied` naming the agent.
+:class:`AgentWorkerDied` naming the agent; a wait longer than ``--step_timeout`` (a hung or stopped worker) surfaces as
+:class:`AgentPhaseTimeout` naming the agent, the worker and the phase.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import Any, Callable, Sequence
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
 from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
 
-__all__ = ["AgentGroup", "AgentWorkerDied", "Pending"]
+__all__ = ["AgentGroup", "AgentPhaseTimeout", "AgentWorkerDied", "Pending"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,22 @@ class AgentWorkerDied(RuntimeError):
         self.agent = agent
         self.role = role
         super().__init__(f"the {role} of agent {agent!r} died: {detail}")
+
+
+class AgentPhaseTimeout(TimeoutError):
+    """An agent's workers did not finish a phase within the step timeout (hung, stopped or far too slow)."""
+
+    def __init__(self, agent: str, role: str, phase: str, timeout_s: float) -> None:
+        self.agent, self.role, self.phase, self.timeout_s = agent, role, phase, timeout_s
+        super().__init__(f"the {role} of agent {agent!r} did not finish {phase} within {timeout_s:g} s "
+                         "(--step_timeout); it is hung, stopped or much slower than expected")
+
+
+# worker method -> phase named in timeout messages
+_PHASES = {"setup": "setup", "rollout": "generate", "generate": "generate", "make_trajectories": "score",
+           "render_prompts": "prompt rendering", "render_prompt_texts": "prompt rendering", "train_step": "update",
+           "sync_weights_to_engines": "sync", "init_engine_weight_sync": "sync", "save_checkpoint": "save",
+           "load_checkpoint": "load", "save_hf": "save", "state_dict_for_sync": "sync"}
 
 
 def _is_actor_death(err: BaseException) -> bool:
@@ -44,16 +61,23 @@ class Pending:
     """Work started on an agent's workers; :meth:`result` waits and combines the per-worker results."""
 
     def __init__(self, group: "AgentGroup", role: str, parts: list[Any], combine: Callable[[list[Any]], Any],
-                 remote: bool) -> None:
+                 remote: bool, method: str = "") -> None:
         self.group, self.role, self.parts, self.combine, self.remote = group, role, parts, combine, remote
+        self.method = method
 
     def result(self) -> Any:
+        """Wait (at most the group's ``timeout_s``) and combine the workers' results."""
         if not self.remote:
             return self.combine(self.parts)
         import ray
+        import ray.exceptions as rex
 
+        timeout = self.group.timeout_s
         try:
-            values = ray.get(self.parts)
+            values = ray.get(self.parts, timeout=timeout)
+        except rex.GetTimeoutError as err:
+            phase = _PHASES.get(self.method, self.method or "its work")
+            raise AgentPhaseTimeout(self.group.name, self.role, phase, timeout) from err
         except Exception as err:
             if _is_actor_death(err):
                 raise AgentWorkerDied(self.group.name, self.role, str(err).splitlines()[0]) from err
@@ -89,6 +113,7 @@ class AgentGroup:
         self.total_updates = total_updates
         self.use_gpu = use_gpu
         self.use_ray = cfg.use_ray
+        self.timeout_s: float | None = cfg.step_timeout
         self.needs_reference = cfg.algo.loss.kl_coef > 0
         self.policies: list[Any] = []
         self.reference: Any = None
@@ -178,7 +203,7 @@ class AgentGroup:
                 self._create_engines()
             return values[:n_policy]
 
-        return Pending(self, "policy", refs, combine, remote=True)
+        return Pending(self, "policy", refs, combine, remote=True, method="setup")
 
     def _create_engines(self) -> None:
         from openrlhf_hacpo.engines.settings import resolve_engine_settings
@@ -252,7 +277,7 @@ class AgentGroup:
             if _is_actor_death(err):
                 raise AgentWorkerDied(self.name, role, str(err).splitlines()[0]) from err
             raise
-        return Pending(self, role, refs, combine, remote=True)
+        return Pending(self, role, refs, combine, remote=True, method=method)
 
     def _all_policies(self, method: str, *args: Any, combine: Callable[[list[Any]], Any] = lambda v: v[0]) -> Pending:
         return self._call(self.policies, method, [args] * len(self.policies), "policy", combine)
@@ -302,7 +327,7 @@ class AgentGroup:
             return self._call(self.policies, "make_trajectories", args, "policy", combine)
 
         return Pending(self, generation.role, generation.parts, lambda values: score(generation.combine(values)),
-                       generation.remote)
+                       generation.remote, generation.method)
 
     def generate(self, prompts: Sequence[Any], sampling: SamplingConfig) -> Pending:
         """Responses only (no scoring), prompt-major like :meth:`RolloutEngine.generate`; used for evaluation."""

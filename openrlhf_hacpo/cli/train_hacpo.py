@@ -11,12 +11,18 @@ Flag names follow OpenRLHF where the meaning is the same. Per-agent settings com
 key=value,...`` strings or an ``--agents_config`` YAML file (a list of agents, or a mapping with an ``agents`` list);
 settings an agent leaves out inherit the run-wide flag of the same meaning. :func:`build_config` turns ``argv`` into
 a validated :class:`~openrlhf_hacpo.trainer.config.TrainConfig`; :func:`run` trains and returns the controller.
+
+:func:`main` (the console entry point) prints every error a person can act on (bad flags and files, a refused run
+folder, checkpoint and disk-space errors, a reward function that fails, a worker that dies or hangs) as one line and
+exits with status 2; ``--debug`` prints the traceback too. SIGINT and SIGTERM stop the workers and the Ray session
+before the process exits (status 130 / 143).
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import sys
+import traceback
 import typing
 from pathlib import Path
 from typing import Any, Sequence
@@ -190,9 +196,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="registered verifier (exact_match, boxed_math, arithmetic) or a Python file defining "
                    "reward_func(queries, prompts, labels)")
     g.add_argument("--reward_num_workers", type=int, default=default("reward_num_workers"),
-                   help="reward worker processes (0: in the driver, no timeout)")
+                   help="reward worker processes (0: in a thread of the driver)")
     g.add_argument("--reward_timeout", type=float, default=default("reward_timeout"),
-                   help="seconds allowed to score one step's responses")
+                   help="seconds allowed to score one step's responses, with any number of workers (0: no limit)")
+    g.add_argument("--reward_stall_steps", type=int, default=default("reward_stall_steps"),
+                   help="warn when an agent's rewards are all equal (e.g. all 0) for this many steps in a row "
+                   "(0: never)")
 
     hacpo = HACPOConfig()
     g = parser.add_argument_group("algorithm", "HACPO settings (defaults follow the official code; spec §3.f)")
@@ -256,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "of each source, the net effect of both official runs), own_first (the v1 code's literal "
                         "order; it mixes sources only at 8-rank data parallelism), shuffle")
     g.add_argument("--actor_learning_rate", type=float, default=default("actor_learning_rate"))
+    g.add_argument("--allow_zero_lr", action="store_true",
+                   help="accept a learning rate of 0 (an agent that never changes); refused without this flag")
     g.add_argument("--lr_scheduler", choices=LR_SCHEDULERS, default=default("lr_scheduler"))
     g.add_argument("--lr_warmup_steps", type=int, default=default("lr_warmup_steps"), help="optimizer updates")
     g.add_argument("--min_lr_ratio", type=float, default=default("min_lr_ratio"),
@@ -292,6 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no_save_hf", action="store_true", help="skip the per-agent Hugging Face checkpoints")
     g.add_argument("--save_rollouts", action="store_true", help="write each step's trajectories as jsonl")
     g.add_argument("--resume", action="store_true", help="continue from the latest joint checkpoint")
+    g.add_argument("--resume_accept_mismatch", action="store_true",
+                   help="resume even when the checkpoint was written with other settings (algorithm, agents, seed, "
+                   "batch geometry, loss settings); the differences are logged")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start a fresh run in a save path that holds an earlier run, deleting its metrics, "
+                   "evaluations, checkpoints, hf/ and rollouts/ (refused without this flag or --resume)")
     g.add_argument("--logging_steps", type=int, default=default("logging_steps"))
     g.add_argument("--use_tensorboard", default=None, metavar="DIR", help="TensorBoard log folder")
     g.add_argument("--use_wandb", action="store_true", help="log to Weights & Biases")
@@ -314,6 +331,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="max new tokens of evaluation responses; vLLM engines are sized for the longer of the two "
                    "[--generate_max_len]")
     g.add_argument("--eval_before_training", action="store_true", help="also evaluate at step 0, before training")
+
+    g = parser.add_argument_group("reliability and network")
+    g.add_argument("--step_timeout", type=float, default=default("step_timeout"),
+                   help="seconds any remote phase (setup, generate, score, update, sync, save, evaluate) of an agent "
+                   "may take before the run stops with an error naming the agent and phase (0: no limit)")
+    g.add_argument("--bind_host", default=default("bind_host"),
+                   help="address of the Ray node a single-machine run starts (loopback keeps it off the network)")
+    g.add_argument("--ray_address", default=None,
+                   help="join an existing Ray cluster (e.g. auto or HOST:6379) instead of starting a local one")
+    g.add_argument("--debug", action="store_true", help="print tracebacks with error messages; debug logging")
     return parser
 
 
@@ -395,7 +422,14 @@ def build_config(argv: Sequence[str] | None = None) -> TrainConfig:
         colocate_all_models=args.colocate_all_models,
         reward_fn=args.reward_fn,
         reward_num_workers=args.reward_num_workers,
-        reward_timeout=args.reward_timeout if args.reward_num_workers > 0 else None,
+        reward_timeout=args.reward_timeout if args.reward_timeout else None,
+        reward_stall_steps=args.reward_stall_steps,
+        allow_zero_lr=args.allow_zero_lr,
+        resume_accept_mismatch=args.resume_accept_mismatch,
+        overwrite=args.overwrite,
+        step_timeout=args.step_timeout if args.step_timeout else None,
+        bind_host=args.bind_host,
+        ray_address=args.ray_address,
         train_batch_size=args.train_batch_size,
         micro_train_batch_size=args.micro_train_batch_size,
         max_epochs=args.max_epochs,
@@ -457,20 +491,48 @@ def run(argv: Sequence[str] | None = None):
     return controller
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point: train, return 0 on success; configuration errors exit with status 2."""
-    try:
-        cfg = build_config(argv)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"train_hacpo: error: {err}", file=sys.stderr)
-        return 2
-    from openrlhf_hacpo.trainer.controller import HACPOController
+def _known_errors() -> tuple[type[BaseException], ...]:
+    from openrlhf_hacpo.rollout.rewards import RewardFunctionError
+    from openrlhf_hacpo.trainer.controller import TrainingError
+    from openrlhf_hacpo.utils.errors import USER_ERRORS
 
-    controller = HACPOController(cfg)
+    return (*USER_ERRORS, RewardFunctionError, TrainingError)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point: 0 on success; 2 on an error a person can act on (one line on stderr, ``--debug`` adds the
+    traceback); 128 + the signal number when stopped by SIGINT or SIGTERM (workers and Ray are stopped first)."""
+    from openrlhf_hacpo.utils.logging_setup import configure_logging
+    from openrlhf_hacpo.utils.shutdown import RunInterrupted, signals_raise
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    configure_logging(debug)
+    controller = None
     try:
-        controller.fit()
-    finally:
-        controller.close()
+        with signals_raise():
+            cfg = build_config(argv)
+            from openrlhf_hacpo.trainer.controller import HACPOController
+
+            controller = HACPOController(cfg)
+            try:
+                controller.fit()
+            finally:
+                controller.close()
+    except RunInterrupted as err:
+        where = (f"; the last joint checkpoint is {controller.last_checkpoint} (continue with --resume)"
+                 if controller is not None and controller.last_checkpoint is not None else "")
+        print(f"train_hacpo: {err}, workers stopped{where}", file=sys.stderr)
+        return 128 + err.signum
+    except _known_errors() as err:
+        if debug:
+            traceback.print_exc()
+        print(f"train_hacpo: error: {_one_line(err)}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -32,10 +32,22 @@ class PromptRecord:
     metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
+def _decode(data: bytes, path: Path, first_line: int = 1) -> str:
+    """UTF-8 text of ``data``; an undecodable byte is a ``ValueError`` naming the file, line and column."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = first_line + data.count(b"\n", 0, err.start)
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ValueError(f"{path}:{line}: byte 0x{data[err.start]:02x} at column {column} is not valid UTF-8 "
+                         "(prompt files must be UTF-8 encoded)") from None
+
+
 def _read_jsonl(path: Path) -> list[Any]:
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = _decode(raw, path, lineno)
             if not line.strip():
                 continue
             try:
@@ -47,7 +59,7 @@ def _read_jsonl(path: Path) -> list[Any]:
 
 def _read_json(path: Path, split: str) -> list[Any]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_decode(path.read_bytes(), path))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: invalid JSON ({err})") from err
     if isinstance(data, dict):

@@ -12,7 +12,7 @@ Two kinds of reward function share one calling convention, ``fn(responses, promp
   ``"rewards"`` entry is one.
 
 :class:`RewardFunction` holds only names and paths, so it pickles into worker processes; :class:`RewardRunner`
-scores in a spawn-context process pool with an overall timeout.
+scores in a spawn-context process pool, or in the calling process, with an overall timeout either way.
 """
 from __future__ import annotations
 
@@ -304,8 +304,10 @@ class RewardRunner:
     Args:
         fn: a :class:`RewardFunction`, a registered name or a reward file path.
         num_workers: 0 scores in the calling process; >= 1 uses that many worker processes.
-        timeout_s: overall limit for one batch (needs ``num_workers >= 1``); on expiry the workers are killed
-            (the pool restarts on the next call) and :class:`RewardTimeoutError` is raised. None waits forever.
+        timeout_s: overall limit for one batch; on expiry :class:`RewardTimeoutError` is raised. Worker processes
+            are killed (the pool restarts on the next call); in-process scoring runs in a daemon thread that is
+            abandoned (Python cannot stop a thread), so the caller is released but the hung call keeps its thread.
+            None waits forever.
         chunk_size: samples per task; default splits a batch evenly over the workers.
     """
 
@@ -321,8 +323,6 @@ class RewardRunner:
         if timeout_s is not None:
             if not timeout_s > 0:
                 raise ValueError(f"RewardRunner.timeout_s must be > 0 or None, got {timeout_s!r}")
-            if num_workers == 0:
-                raise ValueError("RewardRunner.timeout_s needs num_workers >= 1 (an in-process call cannot be stopped)")
         if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
             raise ValueError(f"RewardRunner.chunk_size must be a positive int or None, got {chunk_size!r}")
         self.fn = get_reward_fn(fn)
@@ -339,7 +339,9 @@ class RewardRunner:
         if n == 0:
             return []
         if self.num_workers == 0:
-            return self.fn(responses, prompts, labels)
+            if self.timeout_s is None:
+                return self.fn(responses, prompts, labels)
+            return self._score_in_thread(responses, prompts, labels)
         size = self.chunk_size or -(-n // self.num_workers)
         pool = self._get_pool()
         futures = [
@@ -361,6 +363,28 @@ class RewardRunner:
             self._kill_pool()
             raise RewardFunctionError(f"a worker process of reward {self.fn.name!r} died: {err}") from err
         return out
+
+    def _score_in_thread(self, responses: list[str], prompts: list[str], labels: list) -> list[float]:
+        """In-process scoring bounded by ``timeout_s``: the call runs in a daemon thread the caller waits on."""
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["out"] = self.fn(responses, prompts, labels)
+            except BaseException as err:  # noqa: BLE001 - handed to the caller below
+                box["err"] = err
+
+        thread = threading.Thread(target=target, name=f"reward {self.fn.name}", daemon=True)
+        thread.start()
+        thread.join(self.timeout_s)
+        if thread.is_alive():
+            raise RewardTimeoutError(
+                f"reward {self.fn.name!r} did not score {len(responses)} samples within {self.timeout_s} s "
+                "(in-process scoring, --reward_num_workers 0: the hung call is abandoned; worker processes "
+                "would be killed instead)")
+        if "err" in box:
+            raise box["err"]
+        return box["out"]
 
     def score_trajectories(self, trajs: Sequence[Any]) -> list[float]:
         """Score trajectories from their own response text and store each reward in ``traj.reward``."""

@@ -3,56 +3,85 @@
 Layout under the checkpoint folder (``--ckpt_path``, default ``<save_path>/checkpoints``)::
 
     global_step4/
-        trainer_state.pt      step, data-loader cursor, capability tracker, driver RNG states, counters
+        trainer_state.pt      step, data-loader cursor, capability tracker, driver RNG states, config fingerprint
         trainer_state.json    the same facts that are JSON-safe (for people and tools)
         agents/<name>/        each agent's DeepSpeed checkpoint (weights, optimizer, lr scheduler) + worker RNG
     latest                    "global_step4"
 
-A checkpoint folder is built under a temporary name and renamed into place only when every agent has written its
-part (:func:`openrlhf_hacpo.utils.atomic.atomic_dir`); ``latest`` is replaced atomically afterwards. A save killed
-half-way therefore leaves the previous checkpoint and ``latest`` untouched. Only the newest ``max_keep`` checkpoints
-are kept.
+A checkpoint folder is built under a temporary name, its files are fsynced, and it is renamed into place only when
+every agent has written its part (:func:`openrlhf_hacpo.utils.atomic.atomic_dir`); ``latest`` is replaced atomically
+afterwards. A save killed half-way therefore leaves the previous checkpoint and ``latest`` untouched, and the
+temporary folder it leaves behind is removed by :meth:`CheckpointManager.clean_stale` at the next start. Only the
+newest ``max_keep`` checkpoints are kept, and the one just written is never pruned.
+
+Before writing, the free space is compared with an estimate of the checkpoint's size (the size of the newest
+checkpoint, or the caller's estimate for the first one); a write that fails on a full disk says "no space left on
+device" with the path. Every file of the checkpoint that this project writes holds only tensors and plain
+containers and is loaded with ``torch.load(weights_only=True)`` (:func:`openrlhf_hacpo.utils.safe_load.load_torch_file`).
 """
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from openrlhf_hacpo.utils.atomic import atomic_dir, atomic_write_text
+from openrlhf_hacpo.utils.disk import ensure_free_space, explain_write_error, folder_size
+from openrlhf_hacpo.utils.errors import CheckpointError
+from openrlhf_hacpo.utils.safe_load import load_torch_file
 
 __all__ = ["CheckpointManager", "capture_rng_state", "restore_rng_state"]
 
+logger = logging.getLogger(__name__)
+
 _STEP_DIR = re.compile(r"^global_step(\d+)$")
+# leftovers of an interrupted atomic_dir / atomic write: ".global_step4.<random>.tmp", ".global_step4.old-<random>",
+# ".latest.<random>.tmp"
+_STALE_TMP = re.compile(r"^\.(global_step\d+|latest)\..+\.tmp$")
+_STALE_OLD = re.compile(r"^\.(global_step\d+)\.old-.+$")
 STATE_FILE = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
 LATEST = "latest"
+# head room kept free on top of the estimated checkpoint size
+_SPACE_MARGIN = 1.1
 
 
-def capture_rng_state() -> dict[str, Any]:
-    """Python, numpy and torch RNG states of this process."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+def capture_rng_state(cuda: bool = True) -> dict[str, Any]:
+    """Python, numpy and torch RNG states of this process (and every visible GPU's with ``cuda``).
+
+    The driver passes ``cuda=False``: reading the CUDA states would create a CUDA context on every GPU of the driver's
+    machine, and the driver never draws from them (the policy ranks capture their own). The numpy state is stored as a
+    tensor so the result loads with ``torch.load(weights_only=True)``.
+    """
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {"python": random.getstate(),
+             "numpy": (name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)),
+             "torch": torch.get_rng_state()}
+    if cuda and torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state` (also accepts a numpy state stored as numpy's own tuple)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    np.random.set_state((name, keys.astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class CheckpointManager:
-    """Writes, finds and prunes joint checkpoints in ``root``."""
+    """Writes, finds, validates and prunes joint checkpoints in ``root``."""
 
     def __init__(self, root: str, max_keep: int = 3) -> None:
         if max_keep < 1:
@@ -78,42 +107,136 @@ class CheckpointManager:
                 out.append(int(match.group(1)))
         return sorted(out)
 
-    def latest(self) -> Path | None:
-        """The checkpoint named by ``latest`` (or the newest complete one), None when there is none."""
-        pointer = self.root / LATEST
-        if pointer.is_file():
-            candidate = self.root / pointer.read_text(encoding="utf-8").strip()
-            if (candidate / STATE_FILE).is_file():
-                return candidate
-        steps = self.steps()
-        return self.path_for(steps[-1]) if steps else None
+    def latest(self, agents: Sequence[str] = ()) -> Path | None:
+        """The checkpoint named by ``latest``, the newest complete one when there is no ``latest``, or None.
 
-    def save(self, step: int, trainer_state: dict[str, Any], write_agents: Callable[[Path], None]) -> Path:
+        Raises:
+            CheckpointError: ``latest`` exists but does not name a complete checkpoint folder inside ``root``
+                (dangling, pointing elsewhere, or missing the trainer state or an agent in ``agents``).
+        """
+        pointer = self.root / LATEST
+        if pointer.is_file() or pointer.is_symlink():
+            if pointer.is_symlink():
+                raise CheckpointError(f"{pointer} is a symbolic link; it must be a file naming a checkpoint folder")
+            try:
+                name = pointer.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as err:
+                raise CheckpointError(f"{pointer} cannot be read ({err})") from err
+            if not _STEP_DIR.match(name):
+                raise CheckpointError(f"{pointer} names {name!r}, not a checkpoint folder of {self.root} "
+                                      "(expected global_step<N>); remove it or fix it to resume")
+            candidate = self.root / name
+            if not candidate.is_dir():
+                raise CheckpointError(f"{pointer} names {name}, which does not exist in {self.root} (dangling); "
+                                      f"complete checkpoints there: {self._listing()}")
+            self.check_complete(candidate, agents)
+            return candidate
+        steps = self.steps()
+        if not steps:
+            return None
+        candidate = self.path_for(steps[-1])
+        logger.warning("%s has no %s file; using the newest complete checkpoint %s", self.root, LATEST, candidate)
+        self.check_complete(candidate, agents)
+        return candidate
+
+    def check_complete(self, checkpoint: Path, agents: Sequence[str] = ()) -> None:
+        """Raise :class:`CheckpointError` unless ``checkpoint`` holds the trainer state and every agent's folder."""
+        if not (Path(checkpoint) / STATE_FILE).is_file():
+            raise CheckpointError(f"checkpoint {checkpoint} is incomplete: it has no {STATE_FILE}")
+        for name in agents:
+            if not self.agent_dir(checkpoint, name).is_dir():
+                raise CheckpointError(f"checkpoint {checkpoint} has no state for agent {name!r} "
+                                      f"(expected {self.agent_dir(checkpoint, name)})")
+
+    def _listing(self) -> str:
+        steps = self.steps()
+        return ", ".join(self.path_for(s).name for s in steps) if steps else "none"
+
+    def clean_stale(self) -> list[Path]:
+        """Remove what interrupted saves left in ``root``; returns the removed paths.
+
+        ``.<name>.<random>.tmp`` entries are half-written and always removed. A ``.global_stepN.old-*`` folder is
+        the previous version of ``global_stepN`` that a save killed between its two renames left aside: it is
+        removed when ``global_stepN`` is complete, and renamed back otherwise (it is then the only copy).
+        """
+        if not self.root.is_dir():
+            return []
+        removed = []
+        for child in sorted(self.root.iterdir()):
+            if _STALE_TMP.match(child.name):
+                _remove(child)
+                removed.append(child)
+                continue
+            match = _STALE_OLD.match(child.name)
+            if match:
+                target = self.root / match.group(1)
+                if (target / STATE_FILE).is_file():
+                    _remove(child)
+                    removed.append(child)
+                elif not target.exists():
+                    child.rename(target)
+                    logger.warning("restored %s from %s (a save was interrupted between its renames)", target, child)
+        for path in removed:
+            logger.info("removed %s, left by an interrupted save", path)
+        return removed
+
+    def estimate_size(self, first_estimate: int = 0) -> int:
+        """Bytes the next checkpoint will take: the newest checkpoint's size, else ``first_estimate``."""
+        steps = self.steps()
+        return folder_size(self.path_for(steps[-1])) if steps else first_estimate
+
+    def save(self, step: int, trainer_state: dict[str, Any], write_agents: Callable[[Path], None],
+             size_estimate: int = 0) -> Path:
         """Write checkpoint ``step``: ``write_agents(tmp_dir)`` stores every agent's part under ``tmp_dir/agents``.
 
+        Args:
+            size_estimate: expected bytes of the first checkpoint (later ones use the previous checkpoint's size).
+
         Returns the final folder.
+
+        Raises:
+            DiskSpaceError: too little free space for the estimate, or a write that failed on a full disk.
         """
         final = self.path_for(step)
-        with atomic_dir(final) as tmp:
-            (tmp / "agents").mkdir()
-            write_agents(tmp)
-            torch.save(trainer_state, tmp / STATE_FILE)
-            summary = {k: v for k, v in trainer_state.items() if _json_ok(v)}
-            (tmp / STATE_JSON).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        atomic_write_text(self.root / LATEST, final.name + "\n")
-        self._prune()
+        self.root.mkdir(parents=True, exist_ok=True)
+        ensure_free_space(self.root, int(self.estimate_size(size_estimate) * _SPACE_MARGIN),
+                          f"checkpoint {final.name}")
+        try:
+            with atomic_dir(final) as tmp:
+                (tmp / "agents").mkdir()
+                write_agents(tmp)
+                torch.save(trainer_state, tmp / STATE_FILE)
+                summary = {k: v for k, v in trainer_state.items() if _json_ok(v)}
+                (tmp / STATE_JSON).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n",
+                                              encoding="utf-8")
+            atomic_write_text(self.root / LATEST, final.name + "\n")
+        except Exception as err:
+            explained = explain_write_error(err, self.root, f"checkpoint {final.name}")
+            if explained is not None:
+                raise explained from err
+            raise
+        self._prune(keep=final)
         return final
 
     def load_trainer_state(self, checkpoint: Path) -> dict[str, Any]:
-        path = Path(checkpoint) / STATE_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"checkpoint {checkpoint} has no {STATE_FILE}")
-        return torch.load(path, weights_only=False)
+        """The trainer state of ``checkpoint`` (tensors and plain containers only)."""
+        state = load_torch_file(Path(checkpoint) / STATE_FILE, f"the trainer state of checkpoint {checkpoint}")
+        if not isinstance(state, dict) or "step" not in state:
+            raise CheckpointError(f"{Path(checkpoint) / STATE_FILE} is not a trainer state (no 'step' entry)")
+        return state
 
-    def _prune(self) -> None:
-        steps = self.steps()
-        for step in steps[: max(len(steps) - self.max_keep, 0)]:
+    def _prune(self, keep: Path) -> None:
+        """Delete the oldest checkpoints beyond ``max_keep``; ``keep`` (the one just written) always stays."""
+        others = [s for s in self.steps() if self.path_for(s) != keep]
+        for step in others[: max(len(others) + 1 - self.max_keep, 0)]:
             shutil.rmtree(self.path_for(step), ignore_errors=True)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _json_ok(value: Any) -> bool:

@@ -151,10 +151,29 @@ class AgentConfig:
         unknown = sorted(set(data) - set(known))
         if unknown:
             raise ValueError(f"{where}: unknown agent setting(s) {unknown}; known settings: {known}")
+        name = data.get("name")
+        if isinstance(name, str):
+            where = f"{where} (agent {name!r})"
         for required in ("name", "pretrain"):
             if required not in data:
                 raise ValueError(f"{where}: missing the required setting {required!r}")
-        return cls(**dict(data))
+        try:
+            return cls(**dict(data))
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}{_yaml_number_hint(data)}") from None
+
+
+def _yaml_number_hint(data: Mapping[str, Any]) -> str:
+    """A hint when a numeric setting arrived as text (YAML reads ``1e-6`` without a dot as a string)."""
+    for key in ("learning_rate",):
+        value = data.get(key)
+        if isinstance(value, str):
+            try:
+                float(value)
+            except ValueError:
+                continue
+            return f" (YAML read {key}: {value} as text; write it with a dot, e.g. 1.0e-6)"
+    return ""
 
 
 AGENT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(AgentConfig))
@@ -211,6 +230,7 @@ class TrainConfig:
     reward_fn: str = "boxed_math"
     reward_num_workers: int = 1
     reward_timeout: float | None = 300.0
+    reward_stall_steps: int = 5
 
     # -- optimisation
     train_batch_size: int = 512
@@ -220,6 +240,7 @@ class TrainConfig:
     max_steps: int | None = None
     minibatch_order: str = "stratified"
     actor_learning_rate: float = 1e-6
+    allow_zero_lr: bool = False
     lr_scheduler: str = "constant_with_warmup"
     lr_warmup_steps: int = 0
     min_lr_ratio: float = 0.1
@@ -263,7 +284,12 @@ class TrainConfig:
     # -- misc
     seed: int = 42
     resume: bool = False
+    resume_accept_mismatch: bool = False
+    overwrite: bool = False
     use_ray: bool = True
+    step_timeout: float | None = 3600.0
+    bind_host: str = "127.0.0.1"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.adam_betas, list):
@@ -290,15 +316,16 @@ class TrainConfig:
 
         _check_str("prompt_data", self.prompt_data)
         for name in ("prompt_split", "input_key", "label_key", "reward_fn", "save_path", "wandb_project",
-                     "eval_split", "attn_implementation"):
+                     "eval_split", "attn_implementation", "bind_host"):
             _check_str(name, getattr(self, name))
-        for name in ("ckpt_path", "use_tensorboard", "wandb_run_name", "eval_data"):
+        for name in ("ckpt_path", "use_tensorboard", "wandb_run_name", "eval_data", "ray_address"):
             _check_str(name, getattr(self, name), allow_none=True)
         for name in ("vllm_enforce_eager", "vllm_enable_sleep"):
             _check_bool(name, getattr(self, name), allow_none=True)
         for name in ("apply_chat_template", "colocate_all_models", "bf16",
                      "gradient_checkpointing", "save_hf", "save_rollouts", "use_wandb", "progress_bar", "resume",
-                     "use_ray", "eval_before_training"):
+                     "use_ray", "eval_before_training", "allow_zero_lr", "resume_accept_mismatch",
+                     "overwrite"):
             _check_bool(name, getattr(self, name))
         _check_bool("enable_thinking", self.enable_thinking, allow_none=True)
         for name in ("prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size",
@@ -307,7 +334,7 @@ class TrainConfig:
             _check_int(name, getattr(self, name), 1)
         for name in ("max_samples", "max_steps", "eval_max_samples", "eval_generate_max_len"):
             _check_int(name, getattr(self, name), 1, allow_none=True)
-        for name in ("lr_warmup_steps", "reward_num_workers", "vllm_num_engines"):
+        for name in ("lr_warmup_steps", "reward_num_workers", "vllm_num_engines", "reward_stall_steps"):
             _check_int(name, getattr(self, name), 0)
         _check_int("seed", self.seed)
         _check_int("top_k", self.top_k)
@@ -323,6 +350,7 @@ class TrainConfig:
         _check_real("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, low=0.0, high=1.0,
                     low_open=True, allow_none=True)
         _check_real("reward_timeout", self.reward_timeout, low=0.0, low_open=True, allow_none=True)
+        _check_real("step_timeout", self.step_timeout, low=0.0, low_open=True, allow_none=True)
         _check_real("actor_learning_rate", self.actor_learning_rate, low=0.0)
         _check_real("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
         _check_real("max_norm", self.max_norm, low=0.0)
@@ -342,13 +370,22 @@ class TrainConfig:
         _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
         _check_choice("logprob_path", self.logprob_path, LOGPROB_PATHS)
         _check_choice("wandb_mode", self.wandb_mode, WANDB_MODES)
-        if self.reward_timeout is not None and self.reward_num_workers == 0:
-            raise ValueError("reward_timeout needs reward_num_workers >= 1 (an in-process reward cannot be stopped); "
-                             "set reward_timeout to None or use worker processes")
+        if self.overwrite and self.resume:
+            raise ValueError("overwrite and resume exclude each other: --resume continues the run in save_path, "
+                             "--overwrite deletes it")
         self._validate_combinations()
 
     def _validate_combinations(self) -> None:
         algo = self.algo
+        if self.n_samples_per_prompt == 1 and (not algo.trains_on_foreign or self.num_agents == 1):
+            raise ValueError(
+                f"n_samples_per_prompt=1 with algorithm={algo.algorithm!r} and {self.num_agents} agent(s) trains "
+                "nothing: every group holds one response, so every advantage is 0 (use n_samples_per_prompt >= 2)")
+        if not self.allow_zero_lr:
+            for agent in self.resolved_agents():
+                if agent.learning_rate == 0:
+                    raise ValueError(f"agent {agent.name!r} has learning rate 0, so its weights never change; pass "
+                                     "--allow_zero_lr if that is intended (e.g. a frozen partner)")
         if algo.algorithm in ("hacpo", "naive") and algo.loss.ratio_level == "token":
             raise ValueError(
                 f"ratio_level='token' is incompatible with algorithm={algo.algorithm!r}: foreign rows carry only the "

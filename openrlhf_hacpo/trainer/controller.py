@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from openrlhf_hacpo.actors.agent_group import AgentGroup, AgentWorkerDied, Pending
+from openrlhf_hacpo.actors.agent_group import AgentGroup, AgentPhaseTimeout, AgentWorkerDied, Pending
 from openrlhf_hacpo.algorithms import CapabilityTracker
 from openrlhf_hacpo.data.prompts import PromptDataLoader, load_prompt_dataset
 from openrlhf_hacpo.engines.base import SamplingConfig, derive_seed
@@ -37,8 +37,20 @@ from openrlhf_hacpo.rollout import RewardFunctionError, RewardRunner, RolloutSto
 from openrlhf_hacpo.trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
 from openrlhf_hacpo.trainer.config import TrainConfig
 from openrlhf_hacpo.trainer.evaluation import Evaluator, load_eval_records
+from openrlhf_hacpo.trainer.fingerprint import config_fingerprint, fingerprint_differences
+from openrlhf_hacpo.trainer.input_checks import (
+    check_prompt_format,
+    check_reward_signature,
+    count_long_prompts,
+    planned_steps_message,
+)
 from openrlhf_hacpo.trainer.metrics import MetricsLogger
 from openrlhf_hacpo.trainer.preflight import resolve_attention, resolve_hub_models, run_gpu_stack_preflight
+from openrlhf_hacpo.trainer.reward_watch import RewardStallWatcher
+from openrlhf_hacpo.trainer.run_folder import RunLock, check_run_folder
+from openrlhf_hacpo.utils.disk import folder_size
+from openrlhf_hacpo.utils.errors import CheckpointError
+from openrlhf_hacpo.utils.logging_setup import attach_run_log
 
 __all__ = ["HACPOController", "TrainingError", "wait_all"]
 
@@ -80,6 +92,10 @@ class HACPOController:
         self.evaluator: Evaluator | None = None
         self._started_ray = False
         self._ready = False
+        self.lock = RunLock(cfg.save_path)
+        self._log_handler: logging.Handler | None = None
+        self._resume_state: tuple[Path, dict[str, Any]] | None = None
+        self.reward_watch = RewardStallWatcher(cfg.agent_names, cfg.reward_fn, cfg.reward_stall_steps)
 
     # ------------------------------------------------------------------------------------------------ setup
     def preflight(self) -> None:
@@ -105,7 +121,7 @@ class HACPOController:
             if cfg.rollout_backend == "vllm" and not os.path.isdir(agent.pretrain):
                 raise FileNotFoundError(f"agent {agent.name!r}: the vllm backend needs a local model folder, "
                                         f"{agent.pretrain!r} is not one")
-        get_reward_fn(cfg.reward_fn)
+        check_reward_signature(get_reward_fn(cfg.reward_fn))
         if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
             raise ImportError("--use_wandb needs the wandb package: pip install 'openrlhf-hacpo[wandb]'")
         records = load_prompt_dataset(cfg.prompt_data, cfg.input_key, cfg.label_key, cfg.prompt_split,
@@ -113,12 +129,15 @@ class HACPOController:
         if len(records) < cfg.rollout_batch_size:
             raise ValueError(f"prompt dataset {cfg.prompt_data} has {len(records)} prompts, fewer than "
                              f"rollout_batch_size={cfg.rollout_batch_size}")
+        check_prompt_format(records, cfg.apply_chat_template, cfg.prompt_data)
         self.dataloader = PromptDataLoader(records, cfg.rollout_batch_size, seed=cfg.seed, shuffle=True,
                                            drop_last=True)
+        self._report_data_shortfalls(records)
         self.eval_records = None
         if cfg.eval_data:
             self.eval_records = load_eval_records(cfg.eval_data, cfg.input_key, cfg.label_key, cfg.eval_split,
                                                   cfg.eval_max_samples)
+            check_prompt_format(self.eval_records, cfg.apply_chat_template, cfg.eval_data)
             for agent in cfg.resolved_agents():
                 if (cfg.rollout_backend == "hf" and agent.zero_stage == 3 and agent.dp_size > 1
                         and len(self.eval_records) % agent.dp_size):
@@ -126,6 +145,55 @@ class HACPOController:
                         f"agent {agent.name!r}: with zero_stage=3 its {agent.dp_size} workers generate in lockstep, "
                         f"so the {len(self.eval_records)} evaluation prompts of {cfg.eval_data} must divide evenly "
                         "(set --eval_max_samples)")
+
+    def _report_data_shortfalls(self, records: Sequence[Any]) -> None:
+        """Warn, before any worker starts, about steps the data cannot give and prompts that will be truncated."""
+        from openrlhf_hacpo.actors.policy import load_tokenizer, view_config
+
+        cfg = self.cfg
+        message = planned_steps_message(cfg.max_steps, len(self.dataloader), cfg.num_episodes, len(records),
+                                        cfg.rollout_batch_size)
+        if message:
+            logger.warning(message)
+        view = view_config(cfg)
+        for agent in cfg.resolved_agents():
+            count, longest = count_long_prompts(records, load_tokenizer(agent), view)
+            if count:
+                logger.warning("agent %r: %d of %d prompts are longer than --prompt_max_len %d tokens (longest %d); "
+                               "they keep their last %d tokens at rollout and training time alike", agent.name, count,
+                               len(records), cfg.prompt_max_len, longest, cfg.prompt_max_len)
+            else:
+                logger.info("agent %r: no prompt is longer than --prompt_max_len %d tokens (longest %d)", agent.name,
+                            cfg.prompt_max_len, longest)
+
+    def _prepare_run_folder(self) -> None:
+        """Refuse or clear an earlier run's outputs, take the run lock, remove stale save leftovers, log to the
+        folder; on ``--resume`` read and check the trainer state now, before any worker starts."""
+        cfg = self.cfg
+        check_run_folder(cfg, cfg.overwrite)
+        self.lock.acquire()
+        self._log_handler = attach_run_log(cfg.save_path)
+        self.ckpt.clean_stale()
+        if cfg.resume:
+            checkpoint = self.ckpt.latest()
+            if checkpoint is None:
+                logger.warning("--resume: no checkpoint under %s, starting from scratch", cfg.checkpoint_dir)
+                return
+            state = self.ckpt.load_trainer_state(checkpoint)
+            if state.get("agents") != cfg.agent_names:
+                raise ValueError(f"checkpoint {checkpoint} holds agents {state.get('agents')}, this run has "
+                                 f"{cfg.agent_names}")
+            self.ckpt.check_complete(checkpoint, cfg.agent_names)
+            stored = state.get("fingerprint")
+            differences = fingerprint_differences(stored, config_fingerprint(cfg)) if stored is not None else []
+            if differences and not cfg.resume_accept_mismatch:
+                raise CheckpointError(f"checkpoint {checkpoint} was written with other settings; resume with the same "
+                                      "settings, or pass --resume_accept_mismatch to continue with the new ones: "
+                                      + "; ".join(differences))
+            if differences:
+                logger.warning("--resume_accept_mismatch: continuing %s with changed settings: %s", checkpoint,
+                               "; ".join(differences))
+            self._resume_state = (checkpoint, state)
 
     @property
     def total_steps(self) -> int:
@@ -140,6 +208,7 @@ class HACPOController:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
+        self._prepare_run_folder()
         resolve_hub_models(cfg)
         resolve_attention(cfg)
         self.preflight()
@@ -155,7 +224,7 @@ class HACPOController:
             self.evaluator = Evaluator(self.eval_records, self.reward_runner,
                                        cfg.eval_generate_max_len or cfg.generate_max_len, cfg.eval_n_samples,
                                        cfg.eval_temperature, cfg.seed)
-        if cfg.resume:
+        if self._resume_state is not None:
             self._resume()
         wandb = None
         if cfg.use_wandb:
@@ -192,8 +261,13 @@ class HACPOController:
 
         if not ray.is_initialized():
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            ray.init(ignore_reinit_error=True, log_to_driver=True)
-            self._started_ray = True
+            if self.cfg.ray_address:
+                ray.init(address=self.cfg.ray_address, log_to_driver=True)
+            else:
+                ray.init(ignore_reinit_error=True, log_to_driver=True, include_dashboard=False,
+                         _node_ip_address=self.cfg.bind_host)
+                self._started_ray = True
+                self.lock.record_processes(_ray_process_ids())
 
     # ------------------------------------------------------------------------------------------------ loop
     def fit(self) -> list[list[dict[str, Any]]]:
@@ -223,7 +297,7 @@ class HACPOController:
     def _guard(self, fn, what: str):
         try:
             return fn()
-        except AgentWorkerDied as err:
+        except (AgentWorkerDied, AgentPhaseTimeout) as err:
             where = (f"the last joint checkpoint is {self.last_checkpoint}; continue with --resume"
                      if self.last_checkpoint is not None else
                      f"no joint checkpoint has been written yet (checkpoint folder {self.cfg.checkpoint_dir})")
@@ -254,6 +328,8 @@ class HACPOController:
         except RewardFunctionError as err:
             raise RewardFunctionError(f"step {step}: {err}") from err
         reward_s = time.perf_counter() - t0
+        self.reward_watch.update(step, [[t.reward for t in trajectories if t.source == k]
+                                        for k in range(cfg.num_agents)])
         self.store.add(trajectories)
         if cfg.save_rollouts:
             self.store.dump_jsonl(step, Path(cfg.save_path) / "rollouts" / f"step_{step:06d}.jsonl")
@@ -337,8 +413,9 @@ class HACPOController:
             "algorithm": self.cfg.algo.algorithm,
             "dataloader": self.dataloader.state_dict(),
             "tracker": self.tracker.state_dict(),
-            "rng": capture_rng_state(),
+            "rng": capture_rng_state(cuda=False),
             "seed": self.cfg.seed,
+            "fingerprint": config_fingerprint(self.cfg),
         }
 
     def save_checkpoint(self) -> Path:
@@ -348,23 +425,25 @@ class HACPOController:
             pendings = [g.save_checkpoint(str(CheckpointManager.agent_dir(tmp, g.name))) for g in self.groups]
             wait_all(pendings)
 
-        self.last_checkpoint = self._guard(lambda: self.ckpt.save(self.step, self.trainer_state(), write_agents),
-                                           f"saving the checkpoint of step {self.step}")
+        self.last_checkpoint = self._guard(
+            lambda: self.ckpt.save(self.step, self.trainer_state(), write_agents, self._first_checkpoint_size()),
+            f"saving the checkpoint of step {self.step}")
         logger.info("saved joint checkpoint %s", self.last_checkpoint)
         return self.last_checkpoint
 
+    def _first_checkpoint_size(self) -> int:
+        """Estimated bytes of a joint checkpoint: per agent, its model files × 3 (weights and Adam's two moments,
+        in the dtype the files hold; fp32 master weights of bf16 runs add one more copy)."""
+        total = 0
+        for agent in self.cfg.resolved_agents():
+            if os.path.isdir(agent.pretrain):
+                weights = sum(os.path.getsize(os.path.join(agent.pretrain, f)) for f in os.listdir(agent.pretrain)
+                              if f.endswith((".safetensors", ".bin")))
+                total += weights * (4 if agent.bf16 else 3)
+        return total
+
     def _resume(self) -> None:
-        checkpoint = self.ckpt.latest()
-        if checkpoint is None:
-            logger.warning("--resume: no checkpoint under %s, starting from scratch", self.cfg.checkpoint_dir)
-            return
-        state = self.ckpt.load_trainer_state(checkpoint)
-        if state["agents"] != self.cfg.agent_names:
-            raise ValueError(f"checkpoint {checkpoint} holds agents {state['agents']}, this run has "
-                             f"{self.cfg.agent_names}")
-        for group in self.groups:
-            if not CheckpointManager.agent_dir(checkpoint, group.name).is_dir():
-                raise FileNotFoundError(f"checkpoint {checkpoint} has no state for agent {group.name!r}")
+        checkpoint, state = self._resume_state
         self._guard(lambda: wait_all([g.load_checkpoint(str(CheckpointManager.agent_dir(checkpoint, g.name)))
                                       for g in self.groups]), f"loading checkpoint {checkpoint}")
         self.step = int(state["step"])
@@ -384,15 +463,42 @@ class HACPOController:
 
     # ------------------------------------------------------------------------------------------------ teardown
     def close(self) -> None:
-        """Stop the workers, the reward pool and the sinks (and Ray, if this controller started it)."""
+        """Stop the workers, the reward pool and the sinks (and Ray, if this controller started it), release the
+        run folder. Every part is attempted even when an earlier one fails; the first failure is raised at the end."""
+        failures: list[BaseException] = []
+
+        def attempt(fn) -> None:
+            try:
+                fn()
+            except Exception as err:  # noqa: BLE001 - collected and re-raised below
+                logger.warning("shutdown: %s: %s", type(err).__name__, err)
+                failures.append(err)
+
         if self.metrics is not None:
-            self.metrics.close()
+            attempt(self.metrics.close)
         if self.reward_runner is not None:
-            self.reward_runner.close()
+            attempt(self.reward_runner.close)
         for group in self.groups:
-            group.shutdown()
+            attempt(group.shutdown)
         if self._started_ray:
             import ray
 
-            ray.shutdown()
+            attempt(ray.shutdown)
             self._started_ray = False
+        attempt(self.lock.release)
+        if self._log_handler is not None:
+            logging.getLogger("openrlhf_hacpo").removeHandler(self._log_handler)
+            self._log_handler.close()
+            self._log_handler = None
+        if failures:
+            raise failures[0]
+
+
+def _ray_process_ids() -> list[int]:
+    """Pids of the processes this driver has started (Ray's GCS, raylet, workers ...), for the run lock."""
+    import psutil
+
+    try:
+        return [child.pid for child in psutil.Process().children(recursive=True)]
+    except psutil.Error:
+        return []

@@ -6,7 +6,7 @@ the previous complete version or the new complete version, never a half-written 
 leaves the previous version untouched.
 
 Directories cannot be swapped in one system call by portable code: :func:`atomic_dir` builds the new directory in a
-temporary sibling, renames the previous version aside, renames the new one into place and only then deletes the
+temporary sibling, flushes every file and folder in it to disk, renames the previous version aside, renames the new one into place and only then deletes the
 previous version. If the process dies between the two renames, the previous version survives under
 ``.<name>.old-*`` next to the destination.
 """
@@ -56,6 +56,21 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every file and folder under ``root`` to disk, so a rename of ``root`` never exposes unwritten data."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            file = os.path.join(folder, name)
+            if os.path.islink(file):
+                continue
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(folder))
 
 
 def _atomic_write(path: PathLike, write: Callable[[Any], None], mode: str, encoding: str | None = None) -> Path:
@@ -119,8 +134,8 @@ def atomic_dir(path: PathLike) -> Iterator[Path]:
         with atomic_dir("ckpt/step_10") as tmp:
             (tmp / "model.safetensors").write_bytes(...)
 
-    On success any previous ``path`` (file or directory) is replaced; on an exception the temporary directory is
-    deleted and the previous ``path`` is left exactly as it was.
+    On success the files of the new directory are fsynced, then any previous ``path`` (file or directory) is
+    replaced; on an exception the temporary directory is deleted and the previous ``path`` is left exactly as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,6 +143,11 @@ def atomic_dir(path: PathLike) -> Iterator[Path]:
     os.chmod(tmp, _DIR_MODE)
     try:
         yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        _fsync_tree(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

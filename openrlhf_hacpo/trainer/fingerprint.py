@@ -1,0 +1,49 @@
+"""The configuration fingerprint stored in every joint checkpoint and compared on ``--resume``.
+
+It holds the settings that decide what a step computes: the algorithm with all its capability, advantage and loss
+settings, the agents (name, model, tokenizer, learning rate, ZeRO stage, precision, data-parallel size), the seed,
+the batch geometry and the prompt data. Settings that only change how long or how visibly a run goes (``max_steps``,
+save, log and evaluation cadence, output sinks) are left out, so they may change between a run and its resume.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from openrlhf_hacpo.trainer.config import TrainConfig
+
+__all__ = ["config_fingerprint", "fingerprint_differences"]
+
+_RUN_FIELDS = ("seed", "prompt_data", "input_key", "label_key", "max_samples", "apply_chat_template",
+               "prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size", "temperature",
+               "top_p", "top_k", "eos_policy", "reward_fn", "train_batch_size", "micro_train_batch_size",
+               "max_epochs", "minibatch_order", "lr_scheduler", "lr_warmup_steps", "min_lr_ratio", "max_norm",
+               "l2", "num_episodes")
+_AGENT_FIELDS = ("pretrain", "tokenizer", "learning_rate", "zero_stage", "bf16", "dp_size")
+
+
+def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
+    """Flat ``{setting: value}`` of the settings that must match on resume (plain values, JSON- and pickle-safe)."""
+    out: dict[str, Any] = {"agents": list(cfg.agent_names)}
+    for section, values in cfg.algo.to_dict().items():
+        if isinstance(values, dict):
+            out.update({f"algo.{section}.{k}": _plain(v) for k, v in values.items()})
+        else:
+            out[f"algo.{section}"] = _plain(values)
+    out.update({name: _plain(getattr(cfg, name)) for name in _RUN_FIELDS})
+    for agent in cfg.resolved_agents():
+        out.update({f"agent.{agent.name}.{k}": _plain(getattr(agent, k)) for k in _AGENT_FIELDS})
+    return out
+
+
+def fingerprint_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``"setting: checkpoint X, this run Y"`` for every setting that differs (missing on one side included)."""
+    out = []
+    for key in sorted(set(stored) | set(current)):
+        old, new = stored.get(key, "<unset>"), current.get(key, "<unset>")
+        if old != new:
+            out.append(f"{key}: checkpoint {old!r}, this run {new!r}")
+    return out
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
