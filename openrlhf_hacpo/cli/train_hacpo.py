@@ -337,7 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds any remote phase (setup, generate, score, update, sync, save, evaluate) of an agent "
                    "may take before the run stops with an error naming the agent and phase (0: no limit)")
     g.add_argument("--bind_host", default=default("bind_host"),
-                   help="address of the Ray node a single-machine run starts (loopback keeps it off the network)")
+                   help="node address of the local Ray instance a run starts (choose the interface on a machine with "
+                   "several; Ray 2.60 replaces a loopback address by the machine's, see docs/training.md, Security)")
     g.add_argument("--ray_address", default=None,
                    help="join an existing Ray cluster (e.g. auto or HOST:6379) instead of starting a local one")
     g.add_argument("--debug", action="store_true", help="print tracebacks with error messages; debug logging")
@@ -500,6 +501,11 @@ def _known_errors() -> tuple[type[BaseException], ...]:
 
 
 def _one_line(err: BaseException) -> str:
+    """The error's message on one line; an error raised inside a Ray worker is reported by its cause, without the
+    remote traceback Ray prepends."""
+    cause = getattr(err, "cause", None)
+    if type(err).__name__.startswith("RayTaskError") and isinstance(cause, BaseException):
+        err = cause
     return " ".join(str(err).split()) or type(err).__name__
 
 

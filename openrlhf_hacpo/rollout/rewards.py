@@ -419,10 +419,9 @@ class RewardRunner:
             proc.join(timeout=5)
 
     def close(self) -> None:
-        """Shut the worker pool down (waits for running tasks)."""
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the worker processes. Between calls they are idle; a call still running (the caller was interrupted
+        while waiting on it) is killed rather than waited for, so a hung reward cannot keep the run alive."""
+        self._kill_pool()
 
     def __enter__(self) -> "RewardRunner":
         return self

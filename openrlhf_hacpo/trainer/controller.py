@@ -51,6 +51,7 @@ from openrlhf_hacpo.trainer.run_folder import RunLock, check_run_folder
 from openrlhf_hacpo.utils.disk import folder_size
 from openrlhf_hacpo.utils.errors import CheckpointError
 from openrlhf_hacpo.utils.logging_setup import attach_run_log
+from openrlhf_hacpo.utils.shutdown import keep_signal_handlers
 
 __all__ = ["HACPOController", "TrainingError", "wait_all"]
 
@@ -261,11 +262,14 @@ class HACPOController:
 
         if not ray.is_initialized():
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            if self.cfg.ray_address:
-                ray.init(address=self.cfg.ray_address, log_to_driver=True)
+            address = self.cfg.ray_address or os.environ.get("RAY_ADDRESS")
+            if address:
+                with keep_signal_handlers():
+                    ray.init(address=address, log_to_driver=True)
             else:
-                ray.init(ignore_reinit_error=True, log_to_driver=True, include_dashboard=False,
-                         _node_ip_address=self.cfg.bind_host)
+                with keep_signal_handlers():
+                    ray.init(ignore_reinit_error=True, log_to_driver=True, include_dashboard=False,
+                             _node_ip_address=self.cfg.bind_host)
                 self._started_ray = True
                 self.lock.record_processes(_ray_process_ids())
 

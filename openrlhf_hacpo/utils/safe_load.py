@@ -7,13 +7,15 @@ loads this way. DeepSpeed's own checkpoint files are loaded by DeepSpeed (see do
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
-from typing import Any
+from typing import Any, Iterator
 
+from openrlhf_hacpo.utils.disk import explain_write_error
 from openrlhf_hacpo.utils.errors import CheckpointError
 
-__all__ = ["load_torch_file"]
+__all__ = ["checkpoint_io", "load_torch_file"]
 
 
 def load_torch_file(path: str | os.PathLike, owner: str) -> Any:
@@ -30,12 +32,41 @@ def load_torch_file(path: str | os.PathLike, owner: str) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        if "weights_only" in str(err) or "Unsupported global" in str(err):
+        reason = _detail(err)
+        if "GLOBAL" in reason:
             raise CheckpointError(f"{owner}: checkpoint file {path} holds objects other than tensors and plain "
                                   f"containers, refused without running them ({reason})") from err
         raise CheckpointError(f"{owner}: checkpoint file {path} is corrupt ({reason})") from err
     except (OSError, RuntimeError, EOFError, ValueError, AttributeError, ImportError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        reason = _detail(err)
         raise CheckpointError(f"{owner}: checkpoint file {path} is corrupt or truncated "
                               f"({type(err).__name__}: {reason})") from err
+
+
+@contextlib.contextmanager
+def checkpoint_io(owner: str, path: str | os.PathLike, action: str) -> Iterator[None]:
+    """Name the owner and the folder in any failure of a checkpoint ``action`` (``"load"`` or ``"save"``) done by a
+    library (DeepSpeed's ``engine.load_checkpoint`` / ``save_checkpoint``); a save that failed on a full disk becomes
+    a :class:`~openrlhf_hacpo.utils.errors.DiskSpaceError` saying "no space left on device"."""
+    if action not in ("load", "save"):
+        raise ValueError(f"checkpoint_io: action must be 'load' or 'save', got {action!r}")
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as err:
+        if action == "save":
+            explained = explain_write_error(err, path, f"the checkpoint of {owner}")
+            if explained is not None:
+                raise explained from err
+        raise CheckpointError(f"{owner}: cannot {action} the checkpoint under {path} "
+                              f"({type(err).__name__}: {_detail(err)})") from err
+
+
+def _detail(err: BaseException) -> str:
+    """The informative line of a loader error: torch's weights-only refusals put it after a long preamble."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    for line in lines:
+        if "GLOBAL" in line or line.startswith("Unsupported"):
+            return line
+    return lines[0] if lines else type(err).__name__

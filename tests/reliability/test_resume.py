@@ -1,0 +1,93 @@
+"""Resuming: the trainer state is read and checked before any worker starts; a checkpoint written with other
+settings is refused with the list of differences unless the run accepts them."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from openrlhf_hacpo.cli.train_hacpo import build_config
+from openrlhf_hacpo.trainer.checkpoint import CheckpointManager, capture_rng_state
+from openrlhf_hacpo.trainer.controller import HACPOController
+from openrlhf_hacpo.trainer.fingerprint import config_fingerprint
+from openrlhf_hacpo.utils.errors import CheckpointError
+
+GEOMETRY = ["--n_samples_per_prompt", "4", "--rollout_batch_size", "2", "--train_batch_size", "8",
+            "--micro_train_batch_size", "4"]
+
+
+def _flags(save_path, *extra: str) -> list[str]:
+    return ["--agent", "name=llama,pretrain=/m/llama", "--prompt_data", "x.jsonl", "--save_path", str(save_path),
+            *GEOMETRY, *extra]
+
+
+def _checkpoint_of(cfg) -> None:
+    """Step 2 of a run with ``cfg``, as the controller writes it."""
+    state = {"step": 2, "agents": cfg.agent_names, "algorithm": cfg.algo.algorithm, "rng": capture_rng_state(False),
+             "seed": cfg.seed, "fingerprint": config_fingerprint(cfg)}
+
+    def write_agents(tmp):
+        CheckpointManager.agent_dir(tmp, "llama").mkdir(parents=True)
+
+    CheckpointManager(cfg.checkpoint_dir).save(2, state, write_agents)
+
+
+def test_resume_with_other_settings_lists_the_differences(tmp_path):
+    _checkpoint_of(build_config(_flags(tmp_path, "--seed", "1")))
+    resumed = HACPOController(build_config(_flags(tmp_path, "--seed", "2", "--algorithm", "gspo", "--resume")))
+    try:
+        with pytest.raises(CheckpointError) as info:
+            resumed._prepare_run_folder()
+    finally:
+        resumed.close()
+    message = str(info.value)
+    assert "--resume_accept_mismatch" in message
+    assert "seed: checkpoint 1, this run 2" in message
+    assert "algo.algorithm: checkpoint 'hacpo', this run 'gspo'" in message
+    assert "\n" not in message
+
+
+def test_accepted_differences_are_logged(tmp_path, caplog):
+    _checkpoint_of(build_config(_flags(tmp_path, "--seed", "1")))
+    resumed = HACPOController(build_config(_flags(tmp_path, "--seed", "2", "--resume", "--resume_accept_mismatch")))
+    try:
+        with caplog.at_level(logging.WARNING, logger="openrlhf_hacpo"):
+            resumed._prepare_run_folder()
+    finally:
+        resumed.close()
+    assert "continuing" in caplog.text and "seed: checkpoint 1, this run 2" in caplog.text
+
+
+def test_same_settings_and_changed_run_length_resume(tmp_path):
+    _checkpoint_of(build_config(_flags(tmp_path, "--max_steps", "2")))
+    resumed = HACPOController(build_config(_flags(tmp_path, "--max_steps", "6", "--save_steps", "1", "--resume")))
+    try:
+        resumed._prepare_run_folder()
+    finally:
+        resumed.close()
+    checkpoint, state = resumed._resume_state
+    assert checkpoint.name == "global_step2" and state["step"] == 2
+
+
+def test_a_corrupt_trainer_state_stops_resume_before_workers_start(tmp_path):
+    _checkpoint_of(build_config(_flags(tmp_path)))
+    state_file = tmp_path / "checkpoints" / "global_step2" / "trainer_state.pt"
+    state_file.write_bytes(b"\x00" * 64)
+    resumed = HACPOController(build_config(_flags(tmp_path, "--resume")))
+    try:
+        with pytest.raises(CheckpointError, match=rf"trainer state .*{state_file} is corrupt"):
+            resumed._prepare_run_folder()
+    finally:
+        resumed.close()
+    assert resumed.groups == []
+
+
+def test_a_dangling_latest_stops_resume(tmp_path):
+    _checkpoint_of(build_config(_flags(tmp_path)))
+    (tmp_path / "checkpoints" / "latest").write_text("global_step9\n")
+    resumed = HACPOController(build_config(_flags(tmp_path, "--resume")))
+    try:
+        with pytest.raises(CheckpointError, match="global_step9, which does not exist"):
+            resumed._prepare_run_folder()
+    finally:
+        resumed.close()
