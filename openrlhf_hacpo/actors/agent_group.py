@@ -43,10 +43,12 @@ class AgentPhaseTimeout(TimeoutError):
 
 
 # worker method -> phase named in timeout messages
-_PHASES = {"setup": "setup", "rollout": "generate", "generate": "generate", "make_trajectories": "score",
+_PHASES = {"setup": "setup", "get_master_addr_port": "setup",
+           "set_reference": "setup", "rollout": "generate", "generate": "generate", "make_trajectories": "score",
            "render_prompts": "prompt rendering", "render_prompt_texts": "prompt rendering", "train_step": "update",
            "sync_weights_to_engines": "sync", "init_engine_weight_sync": "sync", "save_checkpoint": "save",
-           "load_checkpoint": "load", "save_hf": "save", "state_dict_for_sync": "sync"}
+           "load_checkpoint": "load", "save_hf": "save", "state_dict_for_sync": "sync", "sleep": "engine sleep",
+           "wake_up": "engine wake-up"}
 
 
 def _is_actor_death(err: BaseException) -> bool:
@@ -152,7 +154,6 @@ class AgentGroup:
         return Pending(self, "policy", [info], lambda infos: infos, remote=False)
 
     def _launch_ray(self) -> Pending:
-        import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -182,7 +183,8 @@ class AgentGroup:
                                                             placement_group_bundle_index=0)}
         self.policies = [PolicyActor.options(num_cpus=0, num_gpus=policy_gpus, **strategies[r]).remote(
             self.cfg, self.index, r, dp, None, None, self.total_updates) for r in range(dp)]
-        addr, port = ray.get(self.policies[0].get_master_addr_port.remote()) if dp > 1 else (None, None)
+        addr, port = (self._call(self.policies[:1], "get_master_addr_port", [()], "policy", lambda v: v[0]).result()
+                      if dp > 1 else (None, None))
         refs = [p.setup.remote(addr, port) for p in self.policies]
         if self.needs_reference:
             self.reference = ReferenceActor.options(**ref_options).remote(
@@ -198,7 +200,8 @@ class AgentGroup:
 
         def combine(values: list[Any]) -> list[dict[str, Any]]:
             if self.reference is not None:
-                ray.get([p.set_reference.remote(self.reference) for p in self.policies])
+                self._call(self.policies, "set_reference", [(self.reference,)] * n_policy, "policy",
+                           lambda v: v).result()
             if self.cfg.rollout_backend == "vllm" and engines_after_policies:
                 self._create_engines()
             return values[:n_policy]
@@ -247,9 +250,7 @@ class AgentGroup:
         return binds[offset:offset + counts[self.index]]
 
     def _engines_call(self, method: str) -> None:
-        import ray
-
-        ray.get([getattr(engine, method).remote() for engine in self.engines])
+        self._call(self.engines, method, [()] * len(self.engines), "vLLM engine", lambda v: v).result()
 
     def _wake_engines(self) -> None:
         """Sleep mode: engines hold GPU memory only from a weight sync or a generation to the end of the next

@@ -48,7 +48,6 @@ from openrlhf_hacpo.trainer.metrics import MetricsLogger
 from openrlhf_hacpo.trainer.preflight import resolve_attention, resolve_hub_models, run_gpu_stack_preflight
 from openrlhf_hacpo.trainer.reward_watch import RewardStallWatcher
 from openrlhf_hacpo.trainer.run_folder import RunLock, check_run_folder
-from openrlhf_hacpo.utils.disk import folder_size
 from openrlhf_hacpo.utils.errors import CheckpointError
 from openrlhf_hacpo.utils.logging_setup import attach_run_log
 from openrlhf_hacpo.utils.shutdown import keep_signal_handlers

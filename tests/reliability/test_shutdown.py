@@ -2,7 +2,6 @@
 exits with 128 + the signal number; no process of the run is left behind."""
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
