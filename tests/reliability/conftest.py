@@ -1,4 +1,4 @@
-"""Fixtures of the fault-injection suite: one tiny Llama agent, eight chat-form prompts, reward files, and the flags
+"""Fixtures of the fault-injection suite: one tiny Llama agent, eight chat-form prompts, a reward file, and the flags
 of a tiny ``--no_ray`` run (nothing is downloaded; models are built in a temp folder)."""
 from __future__ import annotations
 
@@ -8,24 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from fault_inputs import PARITY_REWARD, write_file
+
 REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
-PARITY_REWARD = '''
-def reward_func(queries, prompts, labels):
-    return [float((len(q) - len(p)) % 2 == 0) for q, p in zip(queries, prompts)]
-'''
-ZERO_REWARD = '''
-def reward_func(queries, prompts, labels):
-    return [0.0 for _ in queries]
-'''
-HANGING_REWARD = '''
-import time
-
-def reward_func(queries, prompts, labels):
-    time.sleep(3600)
-'''
 
 
 @pytest.fixture(scope="session")
@@ -51,12 +38,6 @@ def chat_prompts(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("data") / "train.jsonl"
     problems = [Problem(1, (a, b)) for a, b in [(1, 2), (3, 4), (5, 1), (2, 2), (7, 1), (6, 3), (4, 4), (8, 0)]]
     path.write_text("".join(json.dumps(to_record(p, f"p{i}")) + "\n" for i, p in enumerate(problems)))
-    return str(path)
-
-
-def write_file(folder: Path, name: str, text: str) -> str:
-    path = Path(folder) / name
-    path.write_text(text)
     return str(path)
 
 

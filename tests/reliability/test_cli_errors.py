@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from openrlhf_hacpo.cli.train_hacpo import main
 
-from conftest import write_file
+from fault_inputs import write_file
 
 
 def _one_line_error(capsys) -> str:

@@ -7,7 +7,7 @@ import pytest
 from openrlhf_hacpo.cli.train_hacpo import main
 from openrlhf_hacpo.trainer.metrics import read_jsonl
 
-from conftest import ZERO_REWARD, write_file
+from fault_inputs import ZERO_REWARD, write_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 

@@ -12,7 +12,7 @@ from openrlhf_hacpo.data.prompts import load_prompt_dataset
 from openrlhf_hacpo.trainer.controller import HACPOController
 from openrlhf_hacpo.trainer.input_checks import planned_steps_message
 
-from conftest import write_file
+from fault_inputs import write_file
 
 GEOMETRY = ["--n_samples_per_prompt", "2", "--rollout_batch_size", "2", "--train_batch_size", "4",
             "--micro_train_batch_size", "2"]

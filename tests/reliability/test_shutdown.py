@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import HANGING_REWARD, write_file
+from fault_inputs import HANGING_REWARD, write_file
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import pytest
 
 from openrlhf_hacpo.rollout.rewards import RewardRunner, RewardTimeoutError
 
-from conftest import HANGING_REWARD, write_file
+from fault_inputs import HANGING_REWARD, write_file
 
 
 @pytest.mark.parametrize("workers", [0, 1])
