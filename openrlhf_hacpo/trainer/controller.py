@@ -467,15 +467,14 @@ class HACPOController:
     # ------------------------------------------------------------------------------------------------ teardown
     def close(self) -> None:
         """Stop the workers, the reward pool and the sinks (and Ray, if this controller started it), release the
-        run folder. Every part is attempted even when an earlier one fails; the first failure is raised at the end."""
-        failures: list[BaseException] = []
+        run folder. Every part is attempted even when an earlier one fails; a failure is logged as a warning and not
+        raised, so it cannot hide the error that ended the run (``close`` runs in a ``finally``)."""
 
         def attempt(fn) -> None:
             try:
                 fn()
-            except Exception as err:  # noqa: BLE001 - collected and re-raised below
+            except Exception as err:  # noqa: BLE001 - logged; the run's own error stays the one reported
                 logger.warning("shutdown: %s: %s", type(err).__name__, err)
-                failures.append(err)
 
         if self.metrics is not None:
             attempt(self.metrics.close)
@@ -493,8 +492,6 @@ class HACPOController:
             logging.getLogger("openrlhf_hacpo").removeHandler(self._log_handler)
             self._log_handler.close()
             self._log_handler = None
-        if failures:
-            raise failures[0]
 
 
 def _ray_process_ids() -> list[int]:
