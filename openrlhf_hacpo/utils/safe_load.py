@@ -1,7 +1,8 @@
 """Loading ``torch.save`` files without running code from them, with errors that name the owner and the file.
 
 ``torch.load(weights_only=True)`` only rebuilds tensors and plain containers (dict, list, tuple, str, numbers,
-None); a pickle that asks for anything else is refused instead of executed. Every file this project writes into a
+None), here also numpy arrays of the uint32 dtype (the numpy RNG state as checkpoints written before the RNG state
+was stored as a tensor hold it); a pickle that asks for anything else is refused instead of executed. Every file this project writes into a
 checkpoint (the trainer state, the RNG states of the driver and of every policy rank) holds only such values, so it
 loads this way. DeepSpeed's own checkpoint files are loaded by DeepSpeed (see docs/training.md, "Security").
 """
@@ -30,7 +31,8 @@ def load_torch_file(path: str | os.PathLike, owner: str) -> Any:
     if not os.path.isfile(path):
         raise CheckpointError(f"{owner}: checkpoint file {path} does not exist")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with torch.serialization.safe_globals(_numpy_rng_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         reason = _detail(err)
         if "GLOBAL" in reason:
@@ -41,6 +43,17 @@ def load_torch_file(path: str | os.PathLike, owner: str) -> Any:
         reason = _detail(err)
         raise CheckpointError(f"{owner}: checkpoint file {path} is corrupt or truncated "
                               f"({type(err).__name__}: {reason})") from err
+
+
+def _numpy_rng_globals() -> list[Any]:
+    """What unpickling a numpy uint32 array needs (numpy's RNG state in older checkpoints)."""
+    import numpy as np
+
+    try:
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:  # numpy < 2
+        from numpy.core.multiarray import _reconstruct
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 @contextlib.contextmanager

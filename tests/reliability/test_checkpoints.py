@@ -234,3 +234,15 @@ def test_library_checkpoint_failures_name_the_agent_and_folder(tmp_path):
                                              rf"'llama' to {folder}"):
         with checkpoint_io("agent 'llama'", folder, "save"):
             raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_rng_states_in_numpys_own_form_still_load(tmp_path):
+    """Checkpoints written before the numpy state was stored as a tensor hold numpy's tuple with a uint32 array."""
+    path = tmp_path / "rng_rank0.pt"
+    np.random.seed(5)
+    expected = float(np.random.rand())
+    np.random.seed(5)
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, path)
+    np.random.seed(0)
+    restore_rng_state(load_torch_file(path, "agent 'llama'"))
+    assert float(np.random.rand()) == expected
