@@ -47,8 +47,8 @@ from openrlhf_hacpo.trainer.input_checks import (
 from openrlhf_hacpo.trainer.metrics import MetricsLogger
 from openrlhf_hacpo.trainer.preflight import resolve_attention, resolve_hub_models, run_gpu_stack_preflight
 from openrlhf_hacpo.trainer.reward_watch import RewardStallWatcher
-from openrlhf_hacpo.trainer.run_folder import RunLock, check_run_folder
-from openrlhf_hacpo.utils.errors import CheckpointError
+from openrlhf_hacpo.trainer.run_folder import RunLock, check_run_folder, run_outputs
+from openrlhf_hacpo.utils.errors import CheckpointError, RunFolderError
 from openrlhf_hacpo.utils.logging_setup import attach_run_log
 from openrlhf_hacpo.utils.shutdown import keep_signal_handlers
 
@@ -177,6 +177,11 @@ class HACPOController:
         if cfg.resume:
             checkpoint = self.ckpt.latest()
             if checkpoint is None:
+                outputs = run_outputs(cfg)
+                if outputs:
+                    raise RunFolderError(f"--resume: no checkpoint under {cfg.checkpoint_dir}, but {cfg.save_path} "
+                                         f"holds a run's outputs ({', '.join(map(str, outputs))}) that a fresh start "
+                                         "would replace; start over with --overwrite instead of --resume")
                 logger.warning("--resume: no checkpoint under %s, starting from scratch", cfg.checkpoint_dir)
                 return
             state = self.ckpt.load_trainer_state(checkpoint)

@@ -10,7 +10,7 @@ from openrlhf_hacpo.cli.train_hacpo import build_config
 from openrlhf_hacpo.trainer.checkpoint import CheckpointManager, capture_rng_state
 from openrlhf_hacpo.trainer.controller import HACPOController
 from openrlhf_hacpo.trainer.fingerprint import config_fingerprint
-from openrlhf_hacpo.utils.errors import CheckpointError
+from openrlhf_hacpo.utils.errors import CheckpointError, RunFolderError
 
 GEOMETRY = ["--n_samples_per_prompt", "4", "--rollout_batch_size", "2", "--train_batch_size", "8",
             "--micro_train_batch_size", "4"]
@@ -91,3 +91,17 @@ def test_a_dangling_latest_stops_resume(tmp_path):
             resumed._prepare_run_folder()
     finally:
         resumed.close()
+
+
+def test_resume_without_a_checkpoint_keeps_the_earlier_metrics(tmp_path):
+    """A run that died before its first checkpoint: --resume has nothing to continue and must not truncate the
+    metrics it would otherwise restart over."""
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "agent": "llama"}\n')
+    resumed = HACPOController(build_config(_flags(tmp_path, "--resume")))
+    try:
+        with pytest.raises(RunFolderError, match=r"--resume: no checkpoint under .*metrics\.jsonl.*--overwrite"):
+            resumed._prepare_run_folder()
+    finally:
+        resumed.close()
+    assert metrics.read_text() == '{"step": 1, "agent": "llama"}\n'
