@@ -96,6 +96,8 @@ class HACPOController:
         self._log_handler: logging.Handler | None = None
         self._resume_state: tuple[Path, dict[str, Any]] | None = None
         self.reward_watch = RewardStallWatcher(cfg.agent_names, cfg.reward_fn, cfg.reward_stall_steps)
+        # taken before preflight resolves hub ids to local folders, so a resume compares the settings as given
+        self.fingerprint = config_fingerprint(cfg)
 
     # ------------------------------------------------------------------------------------------------ setup
     def preflight(self) -> None:
@@ -190,7 +192,7 @@ class HACPOController:
                                  f"{cfg.agent_names}")
             self.ckpt.check_complete(checkpoint, cfg.agent_names)
             stored = state.get("fingerprint")
-            differences = fingerprint_differences(stored, config_fingerprint(cfg)) if stored is not None else []
+            differences = fingerprint_differences(stored, self.fingerprint) if stored is not None else []
             if differences and not cfg.resume_accept_mismatch:
                 raise CheckpointError(f"checkpoint {checkpoint} was written with other settings; resume with the same "
                                       "settings, or pass --resume_accept_mismatch to continue with the new ones: "
@@ -423,7 +425,7 @@ class HACPOController:
             "tracker": self.tracker.state_dict(),
             "rng": capture_rng_state(cuda=False),
             "seed": self.cfg.seed,
-            "fingerprint": config_fingerprint(self.cfg),
+            "fingerprint": self.fingerprint,
         }
 
     def save_checkpoint(self) -> Path:

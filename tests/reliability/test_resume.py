@@ -105,3 +105,10 @@ def test_resume_without_a_checkpoint_keeps_the_earlier_metrics(tmp_path):
     finally:
         resumed.close()
     assert metrics.read_text() == '{"step": 1, "agent": "llama"}\n'
+
+
+def test_the_fingerprint_is_taken_from_the_settings_as_given(tmp_path):
+    """Preflight may replace a hub id by its local snapshot folder; the stored fingerprint keeps the id."""
+    controller = HACPOController(build_config(_flags(tmp_path)))
+    controller.cfg.agents[0].pretrain = "/snapshots/llama-local"
+    assert controller.fingerprint["agent.llama.pretrain"] == "/m/llama"
