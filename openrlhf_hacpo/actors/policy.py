@@ -37,6 +37,7 @@ from openrlhf_hacpo.algorithms.losses import PolicyLossInput
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig, derive_seed
 from openrlhf_hacpo.models import response_logprobs, score_rows
 from openrlhf_hacpo.utils.partition import split_evenly
+from openrlhf_hacpo.utils.safe_load import checkpoint_io, load_torch_file
 from openrlhf_hacpo.rollout import (
     LearnerBatch,
     LearnerViewConfig,
@@ -165,11 +166,11 @@ def _grouped_parameters(model: torch.nn.Module, weight_decay: float) -> list[dic
     return [g for g in groups if g["params"]]
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     import socket
 
     with socket.socket() as sock:
-        sock.bind(("", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
@@ -251,12 +252,15 @@ class PolicyWorker:
         self._nonfinite_injections: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------------------------------------------ setup
-    @staticmethod
-    def get_master_addr_port() -> tuple[str, int]:
-        """Address of this node and a free port, for rank 0 of an agent's process group."""
+    def get_master_addr_port(self) -> tuple[str, int]:
+        """Rendezvous of the agent's process group (called on rank 0): ``--bind_host`` (loopback by default) for a
+        single-machine run, this node's address when the run joins a cluster (``--ray_address``)."""
+        if self.cfg.ray_address is None:
+            return self.cfg.bind_host, _free_port(self.cfg.bind_host)
         import ray
 
-        return ray.util.get_node_ip_address(), _free_port()
+        address = ray.util.get_node_ip_address()
+        return address, _free_port(address)
 
     def _init_distributed(self) -> None:
         import deepspeed
@@ -267,8 +271,10 @@ class PolicyWorker:
                     f"agent {self.agent.name!r}: this process already belongs to a process group of size "
                     f"{torch.distributed.get_world_size()}, expected {self.world_size}")
             return
-        os.environ["MASTER_ADDR"] = self.master_addr or "127.0.0.1"
-        os.environ["MASTER_PORT"] = str(self.master_port or _free_port())
+        os.environ["MASTER_ADDR"] = self.master_addr or self.cfg.bind_host
+        os.environ["MASTER_PORT"] = str(self.master_port or _free_port(os.environ["MASTER_ADDR"]))
+        if self.cfg.ray_address is None and self.cfg.bind_host in ("127.0.0.1", "localhost"):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pair connections on loopback too
         os.environ["RANK"] = str(self.rank)
         os.environ["WORLD_SIZE"] = str(self.world_size)
         os.environ["LOCAL_RANK"] = str(self._local_rank())
@@ -786,22 +792,24 @@ class PolicyWorker:
     def save_checkpoint(self, path: str) -> None:
         """Save weights, optimizer, scheduler, counters and RNG states under ``path`` (all ranks call it)."""
         client_state = {"updates_done": self.updates_done, "skipped_updates": self.skipped_updates}
-        self.engine.save_checkpoint(path, tag=CHECKPOINT_TAG, client_state=client_state, save_latest=False)
-        torch.save(capture_rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
+        with checkpoint_io(f"agent {self.agent.name!r}", path, "save"):
+            self.engine.save_checkpoint(path, tag=CHECKPOINT_TAG, client_state=client_state, save_latest=False)
+            torch.save(capture_rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore what :meth:`save_checkpoint` wrote."""
         if not os.path.isdir(os.path.join(path, CHECKPOINT_TAG)):
             raise FileNotFoundError(f"agent {self.agent.name!r}: no checkpoint under {path}")
-        load_path, client_state = self.engine.load_checkpoint(
-            path, tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
+        with checkpoint_io(f"agent {self.agent.name!r}", path, "load"):
+            load_path, client_state = self.engine.load_checkpoint(
+                path, tag=CHECKPOINT_TAG, load_optimizer_states=True, load_lr_scheduler_states=True)
         if load_path is None:
             raise RuntimeError(f"agent {self.agent.name!r}: DeepSpeed could not load the checkpoint under {path}")
         self.updates_done = int(client_state.get("updates_done", 0))
         self.skipped_updates = int(client_state.get("skipped_updates", 0))
         rng_file = os.path.join(path, f"rng_rank{self.rank}.pt")
         if os.path.isfile(rng_file):
-            restore_rng_state(torch.load(rng_file, weights_only=False))
+            restore_rng_state(load_torch_file(rng_file, f"agent {self.agent.name!r}"))
         return {"updates_done": self.updates_done, "skipped_updates": self.skipped_updates}
 
 
