@@ -90,6 +90,7 @@ python3 -m openrlhf_hacpo.cli.train_hacpo \
    --train_batch_size 512 \
    --micro_train_batch_size 4 \
    --prompt_max_len 1024 \
+   --drop_long_prompts \
    --generate_max_len "$GENERATE_MAX_LEN" \
    --temperature 1.0 \
    --eos_policy drop \

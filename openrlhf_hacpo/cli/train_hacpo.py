@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pass enable_thinking=True to chat templates that read it (Qwen3); default False")
     g.add_argument("--prompt_max_len", type=int, default=default("prompt_max_len"),
                    help="prompt tokens kept (left-truncated) in learner views")
+    g.add_argument("--drop_long_prompts", action="store_true",
+                   help="drop, at load, prompts longer than --prompt_max_len tokens in any agent's rendering (as the "
+                        "official code does) instead of keeping their last --prompt_max_len tokens")
     g.add_argument("--generate_max_len", type=int, default=default("generate_max_len"),
                    help="max new tokens per response (foreign re-tokenized responses are right-truncated to it)")
 
@@ -426,6 +429,7 @@ def build_config(argv: Sequence[str] | None = None) -> TrainConfig:
         reward_timeout=args.reward_timeout if args.reward_timeout else None,
         reward_stall_steps=args.reward_stall_steps,
         allow_zero_lr=args.allow_zero_lr,
+        drop_long_prompts=args.drop_long_prompts,
         resume_accept_mismatch=args.resume_accept_mismatch,
         overwrite=args.overwrite,
         step_timeout=args.step_timeout if args.step_timeout else None,

@@ -207,6 +207,7 @@ class TrainConfig:
     apply_chat_template: bool = False
     enable_thinking: bool | None = False
     prompt_max_len: int = 1024
+    drop_long_prompts: bool = False
     generate_max_len: int = 1024
 
     # -- rollout
@@ -322,7 +323,7 @@ class TrainConfig:
             _check_str(name, getattr(self, name), allow_none=True)
         for name in ("vllm_enforce_eager", "vllm_enable_sleep"):
             _check_bool(name, getattr(self, name), allow_none=True)
-        for name in ("apply_chat_template", "colocate_all_models", "bf16",
+        for name in ("drop_long_prompts", "apply_chat_template", "colocate_all_models", "bf16",
                      "gradient_checkpointing", "save_hf", "save_rollouts", "use_wandb", "progress_bar", "resume",
                      "use_ray", "eval_before_training", "allow_zero_lr", "resume_accept_mismatch",
                      "overwrite"):

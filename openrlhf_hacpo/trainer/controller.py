@@ -42,6 +42,7 @@ from openrlhf_hacpo.trainer.input_checks import (
     check_prompt_format,
     check_reward_signature,
     count_long_prompts,
+    drop_long_prompts,
     planned_steps_message,
 )
 from openrlhf_hacpo.trainer.metrics import MetricsLogger
@@ -132,6 +133,8 @@ class HACPOController:
             raise ValueError(f"prompt dataset {cfg.prompt_data} has {len(records)} prompts, fewer than "
                              f"rollout_batch_size={cfg.rollout_batch_size}")
         check_prompt_format(records, cfg.apply_chat_template, cfg.prompt_data)
+        if cfg.drop_long_prompts:
+            records = self._drop_long_prompts(records)
         self.dataloader = PromptDataLoader(records, cfg.rollout_batch_size, seed=cfg.seed, shuffle=True,
                                            drop_last=True)
         self._report_data_shortfalls(records)
@@ -147,6 +150,21 @@ class HACPOController:
                         f"agent {agent.name!r}: with zero_stage=3 its {agent.dp_size} workers generate in lockstep, "
                         f"so the {len(self.eval_records)} evaluation prompts of {cfg.eval_data} must divide evenly "
                         "(set --eval_max_samples)")
+
+    def _drop_long_prompts(self, records: Sequence[Any]) -> list[Any]:
+        """``--drop_long_prompts``: keep the prompts every agent renders within ``--prompt_max_len`` tokens."""
+        from openrlhf_hacpo.actors.policy import load_tokenizer, view_config
+
+        cfg = self.cfg
+        tokenizers = {agent.name: load_tokenizer(agent) for agent in cfg.resolved_agents()}
+        kept, counts = drop_long_prompts(records, tokenizers, view_config(cfg))
+        logger.warning("--drop_long_prompts: %d of %d prompts dropped (longer than %d tokens for: %s)",
+                       len(records) - len(kept), len(records), cfg.prompt_max_len,
+                       ", ".join(f"{name} {n}" for name, n in counts.items()))
+        if len(kept) < cfg.rollout_batch_size:
+            raise ValueError(f"prompt dataset {cfg.prompt_data}: {len(kept)} prompts fit --prompt_max_len "
+                             f"{cfg.prompt_max_len}, fewer than rollout_batch_size={cfg.rollout_batch_size}")
+        return kept
 
     def _report_data_shortfalls(self, records: Sequence[Any]) -> None:
         """Warn, before any worker starts, about steps the data cannot give and prompts that will be truncated."""

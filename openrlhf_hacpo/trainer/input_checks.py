@@ -18,7 +18,8 @@ from typing import Any, Sequence
 from openrlhf_hacpo.rollout.rewards import RewardFunction, _load_reward_file, _resolve_target
 from openrlhf_hacpo.rollout.views import LearnerViewConfig, render_prompt_text
 
-__all__ = ["check_prompt_format", "check_reward_signature", "count_long_prompts", "planned_steps_message"]
+__all__ = ["check_prompt_format", "check_reward_signature", "count_long_prompts", "drop_long_prompts",
+           "planned_steps_message", "prompt_lengths"]
 
 
 def check_prompt_format(records: Sequence[Any], apply_chat_template: bool, source: str) -> None:
@@ -50,14 +51,36 @@ def check_reward_signature(fn: RewardFunction) -> None:
                          f"({err})") from None
 
 
+def prompt_lengths(records: Sequence[Any], tokenizer: Any, view: LearnerViewConfig) -> list[int]:
+    """Token count of each prompt as this tokenizer renders it for generation (chat template applied)."""
+    if not records:
+        return []
+    texts = [render_prompt_text(r.prompt, tokenizer, view) for r in records]
+    return [len(x) for x in tokenizer(texts, add_special_tokens=not view.apply_chat_template)["input_ids"]]
+
+
 def count_long_prompts(records: Sequence[Any], tokenizer: Any, view: LearnerViewConfig) -> tuple[int, int]:
     """(prompts longer than ``view.prompt_max_len`` tokens in this tokenizer's rendering, longest length)."""
     if view.prompt_max_len is None or not records:
         return 0, 0
-    texts = [render_prompt_text(r.prompt, tokenizer, view) for r in records]
-    ids = tokenizer(texts, add_special_tokens=not view.apply_chat_template)["input_ids"]
-    lengths = [len(x) for x in ids]
+    lengths = prompt_lengths(records, tokenizer, view)
     return sum(n > view.prompt_max_len for n in lengths), max(lengths)
+
+
+def drop_long_prompts(records: Sequence[Any], tokenizers: dict[str, Any], view: LearnerViewConfig
+                      ) -> tuple[list[Any], dict[str, int]]:
+    """The records whose rendering fits ``view.prompt_max_len`` tokens for every agent (the official code drops
+    longer prompts at load), and how many each agent's tokenizer found too long. A prompt is dropped for all agents
+    when one agent's rendering is too long, so that every agent still sees the same prompts."""
+    if view.prompt_max_len is None:
+        return list(records), {name: 0 for name in tokenizers}
+    too_long = [False] * len(records)
+    counts = {}
+    for name, tokenizer in tokenizers.items():
+        over = [n > view.prompt_max_len for n in prompt_lengths(records, tokenizer, view)]
+        counts[name] = sum(over)
+        too_long = [a or b for a, b in zip(too_long, over)]
+    return [r for r, drop in zip(records, too_long) if not drop], counts
 
 
 def planned_steps_message(max_steps: int | None, batches_per_epoch: int, num_episodes: int, num_prompts: int,

@@ -129,3 +129,34 @@ def test_missing_labels_are_reported_before_workers(tmp_path, run_args):
     args[args.index("--prompt_data") + 1] = str(data)
     with pytest.raises(ValueError, match=rf"{data}: record 0 has no label key 'label'"):
         _controller(args).preflight()
+
+
+def test_drop_long_prompts_keeps_what_every_agent_renders_within_the_limit(tmp_path):
+    """--drop_long_prompts: a prompt longer than --prompt_max_len in any agent's rendering is dropped for all agents.
+
+    Two agents: the zoo's character tokenizer (one token per character) and its BPE tokenizer (never more tokens
+    than characters), so the prompts the character tokenizer finds too long are exactly the ones dropped."""
+    from openrlhf_hacpo.data.prompts import PromptRecord
+    from openrlhf_hacpo.rollout import LearnerViewConfig
+    from openrlhf_hacpo.trainer.input_checks import drop_long_prompts
+    from openrlhf_hacpo.zoo.tokenizers import build_tokenizer
+
+    texts = ["1+2=", "12+34=", "123+456=", "1234+5678=", "9+9="]  # 4, 6, 8, 10, 4 characters
+    records = [PromptRecord(prompt_id=f"p{i}", prompt=t, label="0") for i, t in enumerate(texts)]
+    view = LearnerViewConfig(eos_policy="drop", prompt_max_len=7, generate_max_len=8, apply_chat_template=False)
+    char = build_tokenizer("char")
+    lengths = [len(char(t, add_special_tokens=True)["input_ids"]) for t in texts]
+    kept, counts = drop_long_prompts(records, {"char": char, "bpe": build_tokenizer("bpe")}, view)
+    expected = [t for t, n in zip(texts, lengths) if n <= 7]
+    assert [r.prompt for r in kept] == expected
+    assert counts["char"] == sum(n > 7 for n in lengths) >= 2
+    assert counts["bpe"] <= counts["char"]
+
+
+def test_drop_long_prompts_flag_shrinks_the_data_before_workers(tmp_path, run_args, caplog):
+    args = run_args(tmp_path, "--drop_long_prompts")
+    args[args.index("--prompt_max_len") + 1] = "5"
+    with caplog.at_level(logging.WARNING, logger="openrlhf_hacpo"):
+        with pytest.raises(ValueError, match=r"0 prompts fit --prompt_max_len 5, fewer than rollout_batch_size"):
+            _controller(args).preflight()
+    assert "--drop_long_prompts: 8 of 8 prompts dropped" in caplog.text
