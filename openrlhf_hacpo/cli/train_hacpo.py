@@ -487,13 +487,17 @@ def run(argv: Sequence[str] | None = None):
     """Build the config, train, and return the finished :class:`~openrlhf_hacpo.trainer.HACPOController`."""
     from openrlhf_hacpo.trainer.controller import HACPOController
 
-    cfg = build_config(argv)
-    controller = HACPOController(cfg)
+    controller = HACPOController(build_config(argv))
+    _fit(controller)
+    return controller
+
+
+def _fit(controller) -> None:
+    """Train, then stop the workers and Ray whatever happened."""
     try:
         controller.fit()
     finally:
         controller.close()
-    return controller
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
@@ -529,10 +533,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from openrlhf_hacpo.trainer.controller import HACPOController
 
             controller = HACPOController(cfg)
-            try:
-                controller.fit()
-            finally:
-                controller.close()
+            _fit(controller)
     except RunInterrupted as err:
         where = (f"; the last joint checkpoint is {controller.last_checkpoint} (continue with --resume)"
                  if controller is not None and controller.last_checkpoint is not None else "")
