@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
 from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+from openrlhf_hacpo.utils.partition import split_evenly
 
 __all__ = ["AgentGroup", "AgentPhaseTimeout", "AgentWorkerDied", "Pending"]
 
@@ -88,13 +89,8 @@ class Pending:
 
 
 def _split(items: Sequence[Any], parts: int) -> list[list[Any]]:
-    base, extra = divmod(len(items), parts)
-    out, start = [], 0
-    for i in range(parts):
-        size = base + (1 if i < extra else 0)
-        out.append(list(items[start:start + size]))
-        start += size
-    return out
+    """Contiguous shards of ``items`` for ``parts`` workers, sizes differing by at most one."""
+    return [list(items[r.start:r.stop]) for r in split_evenly(len(items), parts)]
 
 
 class AgentGroup:

@@ -190,8 +190,11 @@ class _Weighted:
         return {k: (self.sums[k], self.weights[k]) for k in self.sums}
 
 
-def _record_view_stats(batch: LearnerBatch, advantages: torch.Tensor, stats: _Weighted) -> None:
-    """Sizes, truncation, advantage and old log-prob statistics of a learner's view."""
+def _record_view_stats(batch: LearnerBatch, advantages: torch.Tensor, stats: _Weighted,
+                       agent_names: Sequence[str]) -> None:
+    """Sizes, truncation, advantage and old log-prob statistics of a learner's view; per foreign source agent, the
+    mean length of its responses in the learner's tokens (``view/foreign_tokens/<source>``) and the re-tokenization
+    ratio, learner tokens over source tokens summed over its rows (``view/retokenization_ratio/<source>``)."""
     n_rows = float(len(batch))
     for key, value in batch.stats().items():
         if key != "num_rows":
@@ -207,6 +210,14 @@ def _record_view_stats(batch: LearnerBatch, advantages: torch.Tensor, stats: _We
         stats.add("advantage/foreign_mean", float(advantages[~own].mean()), n_foreign)
         foreign_old = [r.old_logp_mean for r in batch.rows if not r.is_own]
         stats.add("view/foreign_old_logp_mean", float(np.mean(foreign_old)), n_foreign)
+    for source in sorted({r.source for r in batch.rows if not r.is_own}):
+        rows = [r for r in batch.rows if r.source == source]
+        learner_tokens = sum(len(r.response_ids) for r in rows)
+        source_tokens = sum(r.source_num_tokens for r in rows)
+        name = agent_names[source]
+        stats.add(f"view/foreign_tokens/{name}", learner_tokens / len(rows), float(len(rows)))
+        if source_tokens:
+            stats.add(f"view/retokenization_ratio/{name}", learner_tokens / source_tokens, float(source_tokens))
 
 
 def merge_weighted(states: Sequence[dict[str, tuple[float, float]]]) -> dict[str, float]:
@@ -448,7 +459,7 @@ class PolicyWorker:
         batch = self.learner_batch(trajectories)
         advantages = self._attach_advantages(batch, torch.tensor(ratio_matrix, dtype=torch.float64))
         stats = _Weighted()
-        _record_view_stats(batch, advantages, stats)
+        _record_view_stats(batch, advantages, stats, [a.name for a in self.cfg.resolved_agents()])
         plan = self._plan_updates(batch, step)
 
         t_ref = time.perf_counter()

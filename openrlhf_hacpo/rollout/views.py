@@ -137,6 +137,7 @@ class LearnerRow:
     old_logp: list[float] | None  # own rows with per-token values: aligned with response_ids
     prompt_truncated: bool = False
     response_truncated: bool = False
+    source_num_tokens: int = 0  # the response's length in its source agent's tokens (L_j)
 
 
 def _truncate(prompt_ids: list[int], response_ids: list[int], old_logp: list[float] | None, cfg: LearnerViewConfig):
@@ -215,6 +216,7 @@ def build_learner_batch(
                 old_logp=old_logp,
                 prompt_truncated=p_trunc,
                 response_truncated=r_trunc,
+                source_num_tokens=int(traj.source_num_tokens),
             )
         )
     return LearnerBatch(learner=learner, rows=rows)
