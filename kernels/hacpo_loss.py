@@ -80,7 +80,6 @@ __all__ = [
 LOSS_AGGS = ("seq-mean-token-mean", "token-mean")
 RATIO_LEVELS = ("sequence", "token")
 LOG_RATIO_CLIP_MODES = ("symmetric", "upper")
-CLIP_MODES = LOG_RATIO_CLIP_MODES
 CROSS_CLIP_MODES = ("clamp", "pessimistic")
 FOREIGN_RULES = ("cross", "self_clip")
 """How foreign rows are trained: ``cross`` (HACPO, eqs. 10-14) or ``self_clip`` (Naive: the own-row GSPO clip)."""

@@ -36,6 +36,7 @@ from openrlhf_hacpo.algorithms import compute_advantages, get_policy_loss
 from openrlhf_hacpo.algorithms.losses import PolicyLossInput
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig, derive_seed
 from openrlhf_hacpo.models import response_logprobs, score_rows
+from openrlhf_hacpo.utils.network import free_port
 from openrlhf_hacpo.utils.partition import split_evenly
 from openrlhf_hacpo.utils.safe_load import checkpoint_io, load_torch_file
 from openrlhf_hacpo.rollout import (
@@ -166,14 +167,6 @@ def _grouped_parameters(model: torch.nn.Module, weight_decay: float) -> list[dic
     return [g for g in groups if g["params"]]
 
 
-def _free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 class _Weighted:
     """Weighted means of named values (merged across micro-batches, updates and data-parallel ranks)."""
 
@@ -267,11 +260,11 @@ class PolicyWorker:
         """Rendezvous of the agent's process group (called on rank 0): ``--bind_host`` (loopback by default) for a
         single-machine run, this node's address when the run joins a cluster (``--ray_address``)."""
         if self.cfg.ray_address is None:
-            return self.cfg.bind_host, _free_port(self.cfg.bind_host)
+            return self.cfg.bind_host, free_port(self.cfg.bind_host)
         import ray
 
         address = ray.util.get_node_ip_address()
-        return address, _free_port(address)
+        return address, free_port(address)
 
     def _init_distributed(self) -> None:
         import deepspeed
@@ -283,7 +276,7 @@ class PolicyWorker:
                     f"{torch.distributed.get_world_size()}, expected {self.world_size}")
             return
         os.environ["MASTER_ADDR"] = self.master_addr or self.cfg.bind_host
-        os.environ["MASTER_PORT"] = str(self.master_port or _free_port(os.environ["MASTER_ADDR"]))
+        os.environ["MASTER_PORT"] = str(self.master_port or free_port(os.environ["MASTER_ADDR"]))
         if self.cfg.ray_address is None and self.cfg.bind_host in ("127.0.0.1", "localhost"):
             os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pair connections on loopback too
         os.environ["RANK"] = str(self.rank)

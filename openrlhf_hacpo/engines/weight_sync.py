@@ -28,13 +28,13 @@ from __future__ import annotations
 import datetime
 import inspect
 import pickle
-import socket
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
 from openrlhf_hacpo.engines.base import NamedTensors, iter_named_tensors
+from openrlhf_hacpo.utils.network import free_port
 
 # (name, dtype name, shape) of one broadcast tensor, in broadcast order.
 TensorSpec = tuple[str, str, list[int]]
@@ -194,12 +194,6 @@ def rebuild_ipc_tensor(handle, device_index: int) -> torch.Tensor:
     return rebuild(*args)
 
 
-def find_free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
 # ---------------------------------------------------------------------------------------------- vLLM worker side
 
 
@@ -299,7 +293,7 @@ def init_engine_weight_sync(
     import ray
 
     master_address = master_address or ray.util.get_node_ip_address()
-    master_port = master_port or find_free_port()
+    master_port = master_port or free_port("")
     world_size = 1 + len(engines) * tensor_parallel_size
     refs = [
         engine.init_weight_sync_group.remote(

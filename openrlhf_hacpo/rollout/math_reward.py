@@ -57,6 +57,19 @@ class NormalisationFailed(Exception):
 
 
 # ------------------------------------------------------------------------------------------------- extraction
+def closing_brace(text: str, start: int) -> int | None:
+    """Index of the ``}`` that brings the brace depth counted from ``text[start]`` back to zero, or None."""
+    depth = 0
+    for i in range(start, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+    return None
+
+
 def last_box(text: str) -> str | None:
     """The last box of ``text`` with its wrapper (``"\\boxed{1}"``, ``"\\boxed 5"``, ``"\\fbox{2}"``), or None.
 
@@ -69,15 +82,8 @@ def last_box(text: str) -> str | None:
         start = text.rfind(_FBOX)
         if start < 0:
             return None
-    depth = 0
-    for i in range(start, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start : i + 1]
-    return None
+    end = closing_brace(text, start)
+    return None if end is None else text[start : end + 1]
 
 
 def unwrap_box(box: str) -> str | None:

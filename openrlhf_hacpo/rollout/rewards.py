@@ -31,6 +31,8 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from openrlhf_hacpo.rollout.math_reward import closing_brace
+
 __all__ = [
     "RewardFunction",
     "RewardFunctionError",
@@ -96,14 +98,9 @@ def last_boxed_content(text: str) -> str | None:
         while i < len(text) and text[i] == " ":
             i += 1
         if i < len(text) and text[i] == "{":
-            depth = 0
-            for j in range(i, len(text)):
-                if text[j] == "{":
-                    depth += 1
-                elif text[j] == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1 : j]
+            end = closing_brace(text, i)
+            if end is not None:
+                return text[i + 1 : end]
 
 
 def boxed_math(response_text: str, label: str | None) -> float:

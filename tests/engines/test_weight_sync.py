@@ -12,13 +12,13 @@ from openrlhf_hacpo.engines.weight_sync import (
     VLLMWorkerWeightSync,
     create_weight_sync_group,
     dtype_from_name,
-    find_free_port,
     pack_named_tensors,
     receive_broadcast_tensors,
     reload_api,
     tensor_specs,
     unpack_named_tensors,
 )
+from openrlhf_hacpo.utils.network import free_port
 
 
 def _sample_tensors() -> dict[str, torch.Tensor]:
@@ -74,7 +74,7 @@ def _run_ranks(*targets):
 
 def test_gloo_group_broadcasts_tensors_in_spec_order():
     tensors = {k: v.contiguous() for k, v in _sample_tensors().items() if v.numel() > 0}
-    port = find_free_port()
+    port = free_port()
     received: dict[str, torch.Tensor] = {}
 
     def sender():
@@ -97,7 +97,7 @@ def test_group_rejects_bad_rank_and_backend():
     with pytest.raises(ValueError, match="rank 2"):
         create_weight_sync_group("127.0.0.1", 1, 2, 2, "g", backend="gloo")
     with pytest.raises(ValueError, match="'mpi'"):
-        create_weight_sync_group("127.0.0.1", find_free_port(), 0, 1, "g", backend="mpi", timeout_s=5)
+        create_weight_sync_group("127.0.0.1", free_port(), 0, 1, "g", backend="mpi", timeout_s=5)
 
 
 class _RunnerWithInplaceReload:
@@ -171,7 +171,7 @@ def test_worker_extension_object_store_path():
 def test_worker_extension_broadcast_path_two_workers():
     """Rank 0 sends; two workers of one tensor-parallel engine join at rank_offset=1 and load every tensor."""
     tensors = {"a": torch.randn(4, 3), "b": torch.arange(6, dtype=torch.int32)}
-    port = find_free_port()
+    port = free_port()
     workers = [_StandInWorker(rank=0), _StandInWorker(rank=1)]
     specs = tensor_specs(tensors.items())
 

@@ -84,12 +84,13 @@ def test_zero3_broadcast_sends_every_name_in_small_buckets(bf16_tied_agent, tmp_
     import ray
 
     from openrlhf_hacpo.actors.policy import PolicyWorker
-    from openrlhf_hacpo.engines.weight_sync import create_weight_sync_group, find_free_port
+    from openrlhf_hacpo.engines.weight_sync import create_weight_sync_group
+    from openrlhf_hacpo.utils.network import free_port
 
     worker = PolicyWorker(worker_config(bf16_tied_agent, tmp_path, "--zero_stage", "3"), 0)
     worker.setup()
     worker.weight_bucket_bytes = 8 * 1024  # many buckets: each is gathered, sent and released in turn
-    port = find_free_port()
+    port = free_port()
     engine = _Receiver(port)
     worker._engine_group = create_weight_sync_group("127.0.0.1", port, 0, 2, "sync_test", backend="gloo",
                                                     timeout_s=60)

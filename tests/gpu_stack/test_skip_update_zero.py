@@ -24,9 +24,9 @@ def _init_gloo_world() -> None:
     if torch.distributed.is_initialized():
         assert torch.distributed.get_world_size() == 1
         return
-    from openrlhf_hacpo.engines.weight_sync import find_free_port
+    from openrlhf_hacpo.utils.network import free_port
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(find_free_port()), RANK="0", WORLD_SIZE="1",
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
                       LOCAL_RANK="0")
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
 

@@ -21,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
 from openrlhf_hacpo.models import response_logprobs, rows_to_batch
+from openrlhf_hacpo.utils.network import free_port
 
 VOCAB = 97
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -144,7 +145,7 @@ def test_zero3_two_ranks_match_the_unsharded_reference(tmp_path):
     out = tmp_path / "result.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1")
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                           "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(ZERO3_SCRIPT),
+                           "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(ZERO3_SCRIPT),
                            str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(out.read_text())
@@ -160,10 +161,3 @@ def test_zero3_two_ranks_match_the_unsharded_reference(tmp_path):
         assert float(logits.norm()) > 0, name
         torch.testing.assert_close(fused, logits, rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
