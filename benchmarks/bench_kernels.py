@@ -62,6 +62,8 @@ FULL_SHAPES = [(n, v) for n in (4096, 16384, 65536) for v in (32000, 128256, 151
 QUICK_SHAPES = [(4096, 151936), (16384, 151936)]
 CPU_SHAPES = [(512, 32000), (2048, 32000)]
 LOSS_SHAPES = [(b, t) for t in (512, 2048) for b in (4096 // t, 16384 // t, 65536 // t)]  # B·T in {4k, 16k, 64k}
+LOSS_SHAPES_CUDA_LARGE = [(256, 4096), (1024, 4096), (4096, 4096)]
+"""B·T in {1M, 4M, 16M}, added on CUDA: below ~1M units the loss is bound by launch and host overhead, not HBM."""
 HBM_PEAK_TBS = {"H100": 3.35, "H200": 4.8}
 MIB = 1024 * 1024
 
@@ -110,6 +112,25 @@ class Meter:
             if i:  # the first call is a warm-up
                 times.append((time.perf_counter() - t0) * 1e3)
         return statistics.median(times)
+
+    def gpu_ms(self, fn, grad_to_none=None, reps: int = 20) -> float | None:
+        """Mean GPU time of one call: the summed durations of the CUDA kernels it launches (torch.profiler), without
+        the host time between launches that wall-clock timing of small inputs measures. ``None`` off CUDA."""
+        if self.device != "cuda":
+            return None
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                for t in grad_to_none or ():
+                    t.grad = None
+                fn()
+            torch.cuda.synchronize()
+        total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+        return total_us / reps / 1e3 if total_us > 0 else None
 
     def peak_mib(self, fn) -> float | None:
         """Peak memory above what is allocated before ``fn`` runs (outputs that stay alive are included)."""
@@ -344,10 +365,19 @@ class LossInputs:
     coef: torch.Tensor
 
     def floor_bytes(self, backward: bool) -> int:
-        """Bytes a perfect kernel moves: read logp, mask, ref_logp and the row vectors (+ write ``d logp``)."""
+        """Bytes a perfect two-pass kernel moves (an autograd op: the forward reads once, the backward reads once and writes):
+        the forward reads logp, mask, ref_logp and the row vectors; the backward reads them again and writes
+        ``d logp``. A kernel that wrote the gradient during the forward would move ``4 n`` bytes per element less
+        (see :meth:`one_read_bytes`)."""
         n = self.logp.numel()
         rows = self.logp.shape[0] * (4 * 4 + 1)  # advantages, old mean, coef, objective (fp32) + is_own (bool)
-        return 3 * 4 * n + rows + (4 * n if backward else 0)
+        read = 3 * 4 * n + rows
+        return read + (read + 4 * n if backward else 0)
+
+    def one_read_bytes(self) -> int:
+        """Forward+backward bytes of a single-pass design: read the inputs once, write ``d logp``."""
+        n = self.logp.numel()
+        return 3 * 4 * n + self.logp.shape[0] * (4 * 4 + 1) + 4 * n
 
 
 def make_loss_inputs(b: int, t: int, device: str, seed: int = 0) -> LossInputs:
@@ -425,12 +455,18 @@ def bench_loss(meter: Meter, device: str, shapes, peak_tbs: float | None) -> lis
                 row.peak_step_mib = meter.peak_mib(step)
                 if row.peak_step_mib is not None:
                     row.peak_step_mib -= x.logp.numel() * 4 / MIB  # d logp itself is an output, not extra
-                row.fwd_gbps = x.floor_bytes(False) / row.fwd_ms / 1e6
-                row.step_gbps = x.floor_bytes(True) / row.step_ms / 1e6
-                row.extra["rows"] = b
+                fwd_gpu = meter.gpu_ms(fwd)
+                step_gpu = meter.gpu_ms(step, grad_to_none=[x.logp])
+                x.logp.grad = None
+                row.extra.update(rows=b, fwd_gpu_ms=fwd_gpu, step_gpu_ms=step_gpu)
+                fwd_t = fwd_gpu or row.fwd_ms  # bandwidth from GPU time where there is one
+                step_t = step_gpu or row.step_ms
+                row.fwd_gbps = x.floor_bytes(False) / fwd_t / 1e6
+                row.step_gbps = x.floor_bytes(True) / step_t / 1e6
                 if peak_tbs:
-                    row.extra["fwd_x_floor"] = row.fwd_ms / (x.floor_bytes(False) / (peak_tbs * 1e9))
-                    row.extra["step_x_floor"] = row.step_ms / (x.floor_bytes(True) / (peak_tbs * 1e9))
+                    row.extra["fwd_x_floor"] = fwd_t / (x.floor_bytes(False) / (peak_tbs * 1e9))
+                    row.extra["step_x_floor"] = step_t / (x.floor_bytes(True) / (peak_tbs * 1e9))
+                    row.extra["step_x_one_read"] = step_t / (x.one_read_bytes() / (peak_tbs * 1e9))
             except Exception as exc:  # noqa: BLE001 - an OOM is a result too
                 row.note = "OOM" if _is_oom(exc) else f"error: {type(exc).__name__}: {str(exc)[:120]}"
             finally:
@@ -485,7 +521,8 @@ def summarize(rows: list[Row], peak_tbs: float | None) -> list[str]:
         if base and base.peak_step_mib and r.peak_step_mib:
             parts.append(f"peak memory unfused/{r.path} = {base.peak_step_mib / r.peak_step_mib:.2f} (fwd+bwd);")
         if "step_x_floor" in r.extra:
-            parts.append(f"{r.extra['fwd_x_floor']:.2f}x (fwd) / {r.extra['step_x_floor']:.2f}x (fwd+bwd) "
+            parts.append(f"{r.extra['fwd_x_floor']:.2f}x (fwd) / {r.extra['step_x_floor']:.2f}x (fwd+bwd; "
+                         f"{r.extra['step_x_one_read']:.2f}x a single-pass floor) "
                          "the HBM floor")
         lines.append(" ".join(parts))
     for r in rows:
@@ -526,16 +563,23 @@ def markdown(meta: dict, rows: list[Row], summary: list[str]) -> str:
     if loss_rows:
         peak = meta.get("hbm_peak_tbs")
         out += ["## loss: HACPO on logp [B, T] fp32 (sequence ratios, half the rows foreign, k3 KL on)", "",
-                "GB/s = the HBM floor's bytes (read logp, mask, ref_logp, row vectors; fwd+bwd also writes d logp) "
-                "over the time" + (f"; x floor = time over floor bytes at {peak} TB/s." if peak else "."), "",
-                "| path | B | T | B·T | fwd ms | fwd GB/s | fwd x floor | fwd peak MiB | fwd+bwd ms | fwd+bwd GB/s "
-                "| fwd+bwd x floor | fwd+bwd peak MiB | note |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                "ms = wall-clock median (host launch overhead included); GPU ms = summed duration of the CUDA kernels "
+                "of one call (torch.profiler). GB/s and x floor use the GPU time where there is one. "
+                "GB/s = the HBM floor's bytes over the time. Floor bytes: the forward reads logp, mask, ref_logp and "
+                "the row vectors once; fwd+bwd is a forward and a backward pass, the backward reading the inputs again "
+                "and writing d logp (a single-pass design that wrote d logp during the forward would need 16 instead "
+                "of 28 bytes per unit: the summary gives that ratio too)"
+                + (f"; x floor = time over floor bytes at {peak} TB/s." if peak else ".")
+                + " Below about 1M units (B·T) every path is bound by kernel-launch and host overhead, not by HBM.", "",
+                "| path | B | T | B·T | fwd ms | fwd GPU ms | fwd GB/s | fwd x floor | fwd peak MiB | fwd+bwd ms "
+                "| fwd+bwd GPU ms | fwd+bwd GB/s | fwd+bwd x floor | fwd+bwd peak MiB | note |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in loss_rows:
             out.append(f"| {r.path} | {r.extra.get('rows', '-')} | {r.v} | {r.n} | {_fmt(r.fwd_ms, 3)} | "
-                       f"{_fmt(r.fwd_gbps, 1)} | {_fmt(r.extra.get('fwd_x_floor'))} | {_fmt(r.peak_fwd_mib, 1)} | "
-                       f"{_fmt(r.step_ms, 3)} | {_fmt(r.step_gbps, 1)} | {_fmt(r.extra.get('step_x_floor'))} | "
-                       f"{_fmt(r.peak_step_mib, 1)} | {r.note} |")
+                       f"{_fmt(r.extra.get('fwd_gpu_ms'), 3)} | {_fmt(r.fwd_gbps, 1)} | "
+                       f"{_fmt(r.extra.get('fwd_x_floor'))} | {_fmt(r.peak_fwd_mib, 1)} | "
+                       f"{_fmt(r.step_ms, 3)} | {_fmt(r.extra.get('step_gpu_ms'), 3)} | {_fmt(r.step_gbps, 1)} | "
+                       f"{_fmt(r.extra.get('step_x_floor'))} | {_fmt(r.peak_step_mib, 1)} | {r.note} |")
         out.append("")
     if summary:
         out += ["## summary", ""] + [f"- {line}" for line in summary] + [""]
@@ -628,7 +672,7 @@ def main(argv=None) -> int:
         "hbm_peak_tbs": peak_tbs,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    loss_shapes = args.loss_shapes or LOSS_SHAPES
+    loss_shapes = args.loss_shapes or (LOSS_SHAPES + LOSS_SHAPES_CUDA_LARGE if device == "cuda" else LOSS_SHAPES)
     if args.only and (args.no_loss or args.no_fused_linear):
         parser.error("--only cannot be combined with --no-loss / --no-fused-linear")
     skipped = {name for name, skip in (("loss", args.no_loss), ("fused_linear", args.no_fused_linear)) if skip}

@@ -12,18 +12,20 @@
 #   4. step      benchmarks/bench_step.py: one scoring pass and one update micro-batch, full logits vs fused
 #   5. update    benchmarks/gpu_policy_update.py: HACPO updates of a zoo agent in bf16 on both kernel backends,
 #                a non-finite update skipped at m = 2, peak memory
-# PARTS="tests step" runs a subset (default: all five).
+#   6. tune      benchmarks/tune_loss_tiles.py: GPU time of the loss kernels per launch tile
+# PARTS="tests step" runs a subset (default: all six).
 # Results: benchmarks/results/gpu_check.md (summary) and the tables each part writes (kernels_gpu.md,
-# kernels_gpu_loss.md, step_cuda.md, policy_update_cuda.md); copied to $OUT when that variable names a folder. Without a CUDA device every part is
+# kernels_gpu_loss.md, step_cuda.md, policy_update_cuda.md, loss_tiles_cuda.md); copied to $OUT when that variable names a folder. Without a CUDA device every part is
 # reported as skipped and the script exits 0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
-PARTS=${PARTS:-tests kernels loss step update}
+PARTS=${PARTS:-tests kernels loss step update tune}
 RESULTS=benchmarks/results
 SUMMARY=$RESULTS/gpu_check.md
 mkdir -p "$RESULTS"
+STARTED=$(mktemp)  # files newer than this one were written by this run
 
 # the kernels/ folder is imported as hacpo_kernels (setup.py maps it); without an install, a link does the same
 SITE=$(mktemp -d)
@@ -69,6 +71,7 @@ part kernels 150 "$PY" benchmarks/bench_kernels.py --quick --no-loss --out kerne
 part loss 120 "$PY" benchmarks/bench_kernels.py --only loss
 part step 150 "$PY" benchmarks/bench_step.py
 part update 90 "$PY" benchmarks/gpu_policy_update.py
+part tune 240 "$PY" benchmarks/tune_loss_tiles.py
 
 {
     echo
@@ -80,11 +83,9 @@ part update 90 "$PY" benchmarks/gpu_policy_update.py
 } >> "$SUMMARY"
 cat "$SUMMARY"
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    for f in "$SUMMARY" "$RESULTS/gpu_tests.log" "$RESULTS"/kernels_gpu.md "$RESULTS"/kernels_gpu.json \
-             "$RESULTS"/kernels_gpu_loss.md "$RESULTS"/step_cuda.md "$RESULTS"/step_cuda.json \
-             "$RESULTS"/policy_update_cuda.md; do
-        [ -f "$f" ] && cp "$f" "$OUT/"
-    done
+    # what this run wrote (the device tool brings back at most 8 files)
+    find "$RESULTS" -maxdepth 1 -type f -newer "$STARTED" \( -name 'gpu_*' -o -name 'kernels_gpu*' -o -name 'step_cuda*' -o -name 'loss_tiles_cuda*' \
+        -o -name 'policy_update_cuda*' \) | sort | head -n 8 | xargs -r cp -t "$OUT/"
 fi
 echo "gpu_check: $failures part(s) failed"
 [ "$failures" -eq 0 ]

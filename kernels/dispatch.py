@@ -1,6 +1,7 @@
 """Backend selection for every op in :mod:`kernels`.
 
-``backend="auto"`` picks the Triton kernel for CUDA tensors and the torch twin otherwise. The environment
+``backend="auto"`` picks the Triton kernel for CUDA tensors of a dtype the kernels take (fp16, bf16, fp32) and the
+torch twin otherwise (CPU tensors, and float64 anywhere: the twins compute in float64). The environment
 variable ``HACPO_KERNEL_BACKEND`` (``triton`` | ``torch`` | ``auto``) overrides the ``auto`` choice only; an
 explicit ``backend="triton"`` or ``backend="torch"`` argument always wins.
 
@@ -14,7 +15,7 @@ import os
 
 import torch
 
-from ._utils import HAS_TRITON, is_interpreted
+from ._utils import FLOAT_DTYPES, HAS_TRITON, is_interpreted
 
 __all__ = ["BACKENDS", "ENV_VAR", "resolve_backend", "interpreter_active"]
 
@@ -42,7 +43,7 @@ def resolve_backend(backend: str, tensor: torch.Tensor, kernel=None) -> str:
 
     Args:
         backend: ``"auto"``, ``"triton"`` or ``"torch"``.
-        tensor: the op's main input; its device decides ``auto``.
+        tensor: the op's main input; its device and dtype decide ``auto``.
         kernel: optional decorated Triton kernel of the op, used to tell whether it runs interpreted.
 
     Raises:
@@ -58,7 +59,7 @@ def resolve_backend(backend: str, tensor: torch.Tensor, kernel=None) -> str:
         if env in ("triton", "torch"):
             backend = env
         else:
-            backend = "triton" if (tensor.is_cuda and HAS_TRITON) else "torch"
+            backend = "triton" if (tensor.is_cuda and HAS_TRITON and tensor.dtype in FLOAT_DTYPES) else "torch"
     if backend == "torch":
         return "torch"
     if not HAS_TRITON:

@@ -60,7 +60,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._utils import cdiv, next_power_of_2, tl, triton
+from ._utils import FLOAT_DTYPES, cdiv, is_interpreted, next_power_of_2, tl, triton
 from .dispatch import resolve_backend
 
 __all__ = [
@@ -440,8 +440,20 @@ def _hacpo_bwd_kernel(
     tl.store(grad_ptr + rows64[:, None] * stride_g + t[None, :], grad.to(grad_ptr.dtype.element_ty), mask=in_bounds)
 
 
-_BLOCK_B = 16
-_BLOCK_T = 128
+FWD_TILE = (1, 2048, 4)
+"""Forward launch: (rows per program, tokens per inner step, warps); each program walks its rows' tokens. Chosen by
+``benchmarks/tune_loss_tiles.py`` on an H200 (``benchmarks/results/loss_tiles_cuda.md``): one row per program gives
+enough programs to fill the GPU; 16 rows per program ran 2.3x slower at B·T = 16M."""
+BWD_TILE = (2, 1024, 4)
+"""Backward launch: (rows, tokens, warps) of one program's tile of ``d logp`` (a 2-D grid); same sweep."""
+INTERPRETER_TILES: tuple[tuple[int, int, int], tuple[int, int, int]] | None = ((16, 128, 4), (16, 128, 4))
+"""(forward, backward) tiles under Triton's interpreter, where many one-row programs are slow (each program is a
+Python loop); ``None`` uses the GPU tiles. tests/kernels runs the GPU tiles under the interpreter as well."""
+
+
+def _tile(tile: tuple[int, int, int], n_rows: int, n_cols: int) -> tuple[int, int, int]:
+    block_b, block_t, warps = tile
+    return min(block_b, max(next_power_of_2(n_rows), 1)), min(block_t, max(next_power_of_2(n_cols), 16)), warps
 
 
 def _as_loadable(x: torch.Tensor) -> torch.Tensor:
@@ -474,8 +486,8 @@ class _HacpoLossTriton(torch.autograd.Function):
     def forward(ctx, logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, hp):
         n_rows, n_cols = logp.shape
         dev = logp.device
-        block_b = min(_BLOCK_B, max(next_power_of_2(n_rows), 1))
-        block_t = min(_BLOCK_T, max(next_power_of_2(n_cols), 16))
+        tile = INTERPRETER_TILES[0] if INTERPRETER_TILES and is_interpreted(_hacpo_fwd_kernel) else FWD_TILE
+        block_b, block_t, warps = _tile(tile, n_rows, n_cols)
         n_prog = max(cdiv(n_rows, block_b), 1)
         obj = torch.empty(n_rows, dtype=torch.float32, device=dev)
         ratio = torch.zeros(n_rows, dtype=torch.float32, device=dev)
@@ -496,7 +508,7 @@ class _HacpoLossTriton(torch.autograd.Function):
                 TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
                 CROSS_MIN=hp["cross_min"], FOREIGN_SELF=hp["foreign_self"], HAS_KL=hp["has_kl"],
                 TOKEN_MEAN=hp["token_mean"], NUM_STATS=_NUM_STATS, BLOCK_B=block_b, BLOCK_T=block_t,
-                num_warps=4,
+                num_warps=warps,
             )
         stats = partials.sum(dim=0) if n_prog > 1 else partials[0]
         denom, kl_denom = _denominators(stats, hp)
@@ -505,7 +517,6 @@ class _HacpoLossTriton(torch.autograd.Function):
         loss = pg_loss + hp["kl_coef"] * kl
         ctx.save_for_backward(logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, denom, kl_denom)
         ctx.hp = hp
-        ctx.blocks = (block_b, block_t)
         ctx.mark_non_differentiable(obj, ratio, stats, pg_loss, kl)
         return loss, obj, ratio, stats, pg_loss, kl
 
@@ -518,7 +529,8 @@ class _HacpoLossTriton(torch.autograd.Function):
         if dloss is None:
             return (grad.zero_(),) + (None,) * 8
         scales = torch.stack([-dloss / denom, dloss * hp["kl_coef"] / kl_denom]).to(torch.float32)
-        block_b, block_t = ctx.blocks
+        tile = INTERPRETER_TILES[1] if INTERPRETER_TILES and is_interpreted(_hacpo_bwd_kernel) else BWD_TILE
+        block_b, block_t, warps = _tile(tile, n_rows, n_cols)
         if n_rows and n_cols:
             _hacpo_bwd_kernel[(cdiv(n_rows, block_b), cdiv(n_cols, block_t))](
                 logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, scales, grad,
@@ -528,7 +540,7 @@ class _HacpoLossTriton(torch.autograd.Function):
                 KL_LOG_RATIO_LIMIT,
                 TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
                 CROSS_MIN=hp["cross_min"], FOREIGN_SELF=hp["foreign_self"], HAS_KL=hp["has_kl"],
-                BLOCK_B=block_b, BLOCK_T=block_t, num_warps=4,
+                BLOCK_B=block_b, BLOCK_T=block_t, num_warps=warps,
             )
         return (grad,) + (None,) * 8
 
@@ -624,32 +636,51 @@ def _hacpo_loss_torch(logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, 
 # --------------------------------------------------------------------------------------------------------------
 # public function
 # --------------------------------------------------------------------------------------------------------------
-def _window_fractions(n: torch.Tensor, below: torch.Tensor, above: torch.Tensor):
-    d = n.clamp(min=1.0)
-    low, high = below / d, above / d
-    return low, high, torch.where(n > 0, 1.0 - low - high, torch.zeros_like(low))
+_RATIO_METRICS = {
+    # name: (numerator as {stat: weight}, denominator stat or None for 1); a denominator is clamped to >= 1
+    "own_clip_frac_lower": ({_S_OWN_LOW: 1}, _S_OWN_N),
+    "own_clip_frac_upper": ({_S_OWN_HIGH: 1}, _S_OWN_N),
+    "foreign_clip_frac_lower": ({_S_FOR_BELOW: 1}, _S_FOR_N),
+    "foreign_clip_frac_upper": ({_S_FOR_ABOVE: 1}, _S_FOR_N),
+    "foreign_in_window_frac": ({_S_FOR_N: 1, _S_FOR_BELOW: -1, _S_FOR_ABOVE: -1}, _S_FOR_N),
+    "foreign_pos_clip_frac_lower": ({_S_FPOS_BELOW: 1}, _S_FPOS_N),
+    "foreign_pos_clip_frac_upper": ({_S_FPOS_ABOVE: 1}, _S_FPOS_N),
+    "foreign_pos_in_window_frac": ({_S_FPOS_N: 1, _S_FPOS_BELOW: -1, _S_FPOS_ABOVE: -1}, _S_FPOS_N),
+    "own_ratio_mean": ({_S_OWN_RATIO: 1}, _S_OWN_N),
+    "foreign_ratio_mean": ({_S_FOR_RATIO: 1}, _S_FOR_N),
+    "num_own": ({_S_OWN_ROWS: 1}, None),
+    "num_foreign": ({_S_FOR_ROWS: 1}, None),
+}
+"""Every logged statistic is (a signed sum of counters) / max(a counter, 1): the in-window fraction is
+(n - below - above) / max(n, 1), which is 0 when no unit of the kind exists."""
+_metric_weights_cache: dict = {}
+
+
+def _metric_weights(device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """([2, K, S] numerator/denominator weights, [K] denominator offset) on ``device``, built once per device."""
+    key = (str(device), dtype)
+    if key not in _metric_weights_cache:
+        weights = torch.zeros(2, len(_RATIO_METRICS), _NUM_STATS, dtype=dtype)
+        offset = torch.zeros(len(_RATIO_METRICS), dtype=dtype)
+        for k, (numerator, denominator) in enumerate(_RATIO_METRICS.values()):
+            for stat, w in numerator.items():
+                weights[0, k, stat] = w
+            if denominator is None:
+                offset[k] = 1.0
+            else:
+                weights[1, k, denominator] = 1.0
+        _metric_weights_cache[key] = (weights.to(device), offset.to(device))
+    return _metric_weights_cache[key]
 
 
 def _metrics_from_stats(stats: torch.Tensor, pg_loss: torch.Tensor, kl: torch.Tensor) -> dict[str, torch.Tensor]:
-    own_d = stats[_S_OWN_N].clamp(min=1.0)
-    f_low, f_high, f_in = _window_fractions(stats[_S_FOR_N], stats[_S_FOR_BELOW], stats[_S_FOR_ABOVE])
-    p_low, p_high, p_in = _window_fractions(stats[_S_FPOS_N], stats[_S_FPOS_BELOW], stats[_S_FPOS_ABOVE])
-    return {
-        "pg_loss": pg_loss,
-        "kl": kl,
-        "own_clip_frac_lower": stats[_S_OWN_LOW] / own_d,
-        "own_clip_frac_upper": stats[_S_OWN_HIGH] / own_d,
-        "foreign_clip_frac_lower": f_low,
-        "foreign_clip_frac_upper": f_high,
-        "foreign_in_window_frac": f_in,
-        "foreign_pos_clip_frac_lower": p_low,
-        "foreign_pos_clip_frac_upper": p_high,
-        "foreign_pos_in_window_frac": p_in,
-        "own_ratio_mean": stats[_S_OWN_RATIO] / own_d,
-        "foreign_ratio_mean": stats[_S_FOR_RATIO] / stats[_S_FOR_N].clamp(min=1.0),
-        "num_own": stats[_S_OWN_ROWS],
-        "num_foreign": stats[_S_FOR_ROWS],
-    }
+    """All ratio metrics in a few elementwise launches (no matmul: TF32 would round the counters)."""
+    weights, offset = _metric_weights(stats.device, stats.dtype)
+    num_den = (weights * stats).sum(dim=-1)
+    values = num_den[0] / (num_den[1] + offset).clamp(min=1.0)
+    metrics = {"pg_loss": pg_loss, "kl": kl}
+    metrics.update({name: values[k] for k, name in enumerate(_RATIO_METRICS)})
+    return metrics
 
 
 def _check_tensor(x: torch.Tensor | None, name: str, shape: tuple[int, ...], device) -> None:
@@ -791,8 +822,9 @@ def hacpo_loss(
     }
     chosen = resolve_backend(backend, logp, _hacpo_fwd_kernel)
     if chosen == "triton":
-        if logp.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            raise ValueError(f"logp dtype {logp.dtype} is not supported by the triton backend")
+        if logp.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"logp dtype {logp.dtype} is not supported by the triton backend (use one of "
+                             f"{FLOAT_DTYPES}, or backend='auto'/'torch', which computes float64 on the twin)")
         loss, obj, ratio, stats, pg_loss, kl = _HacpoLossTriton.apply(
             _rowwise(logp), _rowwise(mask), _rowwise(old_logp) if token_level else None, _rowwise(ref_logp),
             advantages.contiguous(), old_logp_mean.contiguous() if not token_level else None,

@@ -60,9 +60,35 @@ def test_unfused_baseline_matches_float64_formulas():
 
 def test_loss_floor_bytes_counts_reads_and_the_gradient_write():
     x = bench_kernels.make_loss_inputs(2, 8, "cpu")
-    rows = 2 * 17
-    assert x.floor_bytes(False) == 3 * 4 * 16 + rows
-    assert x.floor_bytes(True) == 4 * 4 * 16 + rows
+    rows = 2 * 17  # 4 fp32 row vectors + a bool per row
+    assert x.floor_bytes(False) == 3 * 4 * 16 + rows  # read logp, mask, ref_logp
+    assert x.floor_bytes(True) == 2 * (3 * 4 * 16 + rows) + 4 * 16  # read twice, write d logp
+    assert x.one_read_bytes() == 4 * 4 * 16 + rows
+
+
+def test_tune_loss_tiles_flags_a_tile_that_disagrees_with_the_twin(monkeypatch):
+    """The sweep's correctness check accepts the shipped and a small tile, and fails when the two backends compute
+    different losses (here: the twin given a wider foreign window)."""
+    import importlib
+
+    tune = importlib.import_module("tune_loss_tiles")
+    loss_module = tune.loss_module
+    if not loss_module.is_interpreted(loss_module._hacpo_fwd_kernel) and not torch.cuda.is_available():
+        pytest.skip("needs TRITON_INTERPRET=1 or CUDA")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setattr(tune, "kernel_ms", lambda fn, names, reps=20: (fn(), dict.fromkeys(names, 0.0))[1])
+    monkeypatch.setattr(loss_module, "INTERPRETER_TILES", None)
+    x = bench_kernels.make_loss_inputs(6, 40, device)
+    assert tune.run_case(x, (1, 2048, 4), (2, 1024, 4))["matches_twin"]
+    assert tune.run_case(x, (4, 16, 4), (1, 32, 4))["matches_twin"]
+    real = loss_module._hacpo_loss_torch
+
+    def twin_with_a_wider_window(*args):  # foreign rows above 1 keep their ratio and their gradient
+        hp = dict(args[-1], hi=args[-1]["hi"] + 0.5)
+        return real(*args[:-1], hp)
+
+    monkeypatch.setattr(loss_module, "_hacpo_loss_torch", twin_with_a_wider_window)
+    assert not tune.run_case(x, (1, 2048, 4), (2, 1024, 4))["matches_twin"]
 
 
 def test_bench_kernels_loss_section_runs(tmp_path, monkeypatch):

@@ -20,6 +20,23 @@ def test_auto_picks_torch_for_cpu_tensors(monkeypatch):
 def test_auto_picks_triton_for_cuda_tensors(monkeypatch):
     monkeypatch.delenv(dispatch.ENV_VAR, raising=False)
     assert resolve_backend("auto", torch.zeros(2, device="cuda")) == "triton"
+    assert resolve_backend("auto", torch.zeros(2, device="cuda", dtype=torch.bfloat16)) == "triton"
+    # the kernels take fp16/bf16/fp32; float64 goes to the twin, which computes in float64
+    assert resolve_backend("auto", torch.zeros(2, device="cuda", dtype=torch.float64)) == "torch"
+
+
+@pytest.mark.skipif(not dispatch.HAS_TRITON, reason="needs triton")
+def test_explicit_triton_refuses_float64_with_the_dtype_named():
+    from hacpo_kernels import hacpo_loss
+
+    if not (torch.cuda.is_available() or dispatch.interpreter_active(hacpo_loss.__globals__["_hacpo_fwd_kernel"])):
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    logp = torch.zeros(2, 3, dtype=torch.float64, device=device)
+    vec = torch.zeros(2, dtype=torch.float64, device=device)
+    with pytest.raises(ValueError, match="logp dtype torch.float64 is not supported by the triton backend"):
+        hacpo_loss(logp, torch.ones(2, 3, device=device), vec, vec, torch.ones(2, dtype=torch.bool, device=device),
+                   vec + 1, backend="triton")
 
 
 def test_environment_overrides_auto_only(monkeypatch):

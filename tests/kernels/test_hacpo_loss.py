@@ -167,6 +167,28 @@ def test_triton_matches_float64_twin(device, variant):
                 assert abs(got - want) <= 1e-5 * max(1.0, abs(want)), f"metric {name} {tag}: {got} vs {want}"
 
 
+@pytest.mark.parametrize("variant", ["default", "token_level", "pessimistic", "token_mean"])
+def test_gpu_launch_tiles_match_the_float64_twin(monkeypatch, variant):
+    """The launch tiles the GPU uses (FWD_TILE, BWD_TILE) run here too, rows longer than one forward step."""
+    import importlib
+
+    module = importlib.import_module("hacpo_kernels.hacpo_loss")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    skip_unless_runnable("triton", device)
+    monkeypatch.setattr(module, "INTERPRETER_TILES", None)
+    t = module.FWD_TILE[1] + 37  # two forward steps per row, a ragged last one
+    kw = VARIANTS[variant]
+    batch = move_off_log_ratio_clip(random_batch(device, b=5, t=t, empty_rows=1), kw)
+    rounded = {k: v.float().double() if v.dtype == torch.float64 else v for k, v in batch.items()}
+    ref_loss, ref_obj, ref_grad, ref_metrics = call(rounded, "torch", torch.float64, **kw)
+    loss, obj, grad, metrics = call(batch, "triton", torch.float32, mask_dtype=torch.float32, **kw)
+    assert_sum_close(loss, ref_loss, float(ref_obj.abs().mean()) + 1e-12, 1e-5, f"loss [{variant}]")
+    assert_rel_close(obj, ref_obj, 1e-5, f"objectives [{variant}]")
+    assert_rel_close(grad, ref_grad, 1e-5, f"grad [{variant}]")
+    for name in METRIC_NAMES:
+        assert abs(float(metrics[name]) - float(ref_metrics[name])) <= 1e-5 * max(1.0, abs(float(ref_metrics[name])))
+
+
 def test_metrics_count_what_they_say():
     """Hand-built rows: own ratios below/inside/above [1-eps_low, 1+eps_high], foreign below/inside/above [lo, 1]."""
     log_s = torch.tensor([math.log(0.5), 0.0, math.log(1.5), math.log(0.5), math.log(0.9), math.log(1.2)],
