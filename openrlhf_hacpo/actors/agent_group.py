@@ -17,7 +17,7 @@ import logging
 from typing import Any, Callable, Sequence
 
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
-from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.utils.partition import split_evenly
 
 __all__ = ["AgentGroup", "AgentPhaseTimeout", "AgentWorkerDied", "Pending"]

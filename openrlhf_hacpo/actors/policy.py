@@ -48,8 +48,8 @@ from openrlhf_hacpo.rollout import (
     render_prompt_ids,
     render_prompt_text,
 )
-from openrlhf_hacpo.trainer.checkpoint import capture_rng_state, restore_rng_state
-from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state
+from openrlhf_hacpo.config import AgentConfig, TrainConfig
 
 __all__ = ["PolicyWorker", "PolicyActor", "SkippableAdamW", "load_tokenizer", "view_config", "build_ds_config"]
 

@@ -10,7 +10,7 @@
 Flag names follow OpenRLHF where the meaning is the same. Per-agent settings come from repeatable ``--agent
 key=value,...`` strings or an ``--agents_config`` YAML file (a list of agents, or a mapping with an ``agents`` list);
 settings an agent leaves out inherit the run-wide flag of the same meaning. :func:`build_config` turns ``argv`` into
-a validated :class:`~openrlhf_hacpo.trainer.config.TrainConfig`; :func:`run` trains and returns the controller.
+a validated :class:`~openrlhf_hacpo.config.TrainConfig`; :func:`run` trains and returns the controller.
 
 :func:`main` (the console entry point) prints every error a person can act on (bad flags and files, a refused run
 folder, checkpoint and disk-space errors, a reward function that fails, a worker that dies or hangs) as one line and
@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 from openrlhf_hacpo.algorithms import PRESETS, HACPOConfig
 from openrlhf_hacpo.algorithms.config import CAPABILITY_METRICS, CROSS_CLIP_MODES, LOSS_AGGREGATIONS, RATIO_LEVELS
-from openrlhf_hacpo.trainer.config import (
+from openrlhf_hacpo.config import (
     AGENT_FIELDS,
     DEVICES,
     EOS_POLICIES,

@@ -1,5 +1,5 @@
-"""The controller's step loop, run configuration, checkpoints, metric sinks and evaluation."""
-from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+"""The controller's step loop, checkpoints, metric sinks and evaluation (the run configuration is
+:mod:`openrlhf_hacpo.config`, one layer below the actors)."""
 
 _LAZY = {
     "HACPOController": "openrlhf_hacpo.trainer.controller",
@@ -10,7 +10,7 @@ _LAZY = {
     "pass_at_k": "openrlhf_hacpo.trainer.evaluation",
 }
 
-__all__ = ["AgentConfig", "TrainConfig", *_LAZY]
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str):

@@ -34,8 +34,9 @@ from openrlhf_hacpo.algorithms import CapabilityTracker
 from openrlhf_hacpo.data.prompts import PromptDataLoader, load_prompt_dataset
 from openrlhf_hacpo.engines.base import SamplingConfig, derive_seed
 from openrlhf_hacpo.rollout import RewardFunctionError, RewardRunner, RolloutStore, get_reward_fn
-from openrlhf_hacpo.trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
-from openrlhf_hacpo.trainer.config import TrainConfig
+from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
+from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state
+from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.trainer.evaluation import Evaluator, load_eval_records
 from openrlhf_hacpo.trainer.fingerprint import config_fingerprint, fingerprint_differences
 from openrlhf_hacpo.trainer.input_checks import (

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openrlhf_hacpo.trainer.config import TrainConfig
+from openrlhf_hacpo.config import TrainConfig
 
 __all__ = ["config_fingerprint", "fingerprint_differences"]
 

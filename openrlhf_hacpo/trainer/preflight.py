@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from openrlhf_hacpo.trainer.config import TrainConfig
+from openrlhf_hacpo.config import TrainConfig
 
 __all__ = ["GpuDemand", "check_gpu_count", "check_vllm_compatibility", "gpu_demand", "resolve_attention",
            "resolve_hub_models", "vllm_head_sizes"]

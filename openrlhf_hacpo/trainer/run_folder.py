@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from openrlhf_hacpo.trainer.config import TrainConfig
+from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.utils.atomic import atomic_write_json
 from openrlhf_hacpo.utils.errors import RunFolderError
 

@@ -86,7 +86,7 @@ def test_engine_defaults_per_device_and_layout():
 ])
 def test_weight_sync_path_per_layout(use_gpu, colocate, dp, engines, tp, expected):
     from openrlhf_hacpo.actors.agent_group import AgentGroup
-    from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+    from openrlhf_hacpo.config import AgentConfig, TrainConfig
 
     agent = AgentConfig(name="a", pretrain="/models/a", dp_size=dp, vllm_num_engines=engines,
                         vllm_tensor_parallel_size=tp)
@@ -100,7 +100,7 @@ def test_cpu_engines_of_each_agent_take_the_next_core_ranges(monkeypatch):
     import os
 
     from openrlhf_hacpo.actors.agent_group import AgentGroup
-    from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+    from openrlhf_hacpo.config import AgentConfig, TrainConfig
 
     agents = [AgentConfig(name="a", pretrain="/m/a", vllm_num_engines=1),
               AgentConfig(name="b", pretrain="/m/b", vllm_num_engines=2)]

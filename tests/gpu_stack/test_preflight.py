@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.trainer.preflight import (
     GpuDemand,
     check_gpu_count,

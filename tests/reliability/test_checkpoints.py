@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from openrlhf_hacpo.trainer import checkpoint as checkpoint_module
-from openrlhf_hacpo.trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
+from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state
 from openrlhf_hacpo.utils import disk
 from openrlhf_hacpo.utils.errors import CheckpointError, DiskSpaceError
 from openrlhf_hacpo.utils.safe_load import load_torch_file

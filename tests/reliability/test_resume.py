@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from openrlhf_hacpo.cli.train_hacpo import build_config
-from openrlhf_hacpo.trainer.checkpoint import CheckpointManager, capture_rng_state
+from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
+from openrlhf_hacpo.utils.rng import capture_rng_state
 from openrlhf_hacpo.trainer.controller import HACPOController
 from openrlhf_hacpo.trainer.fingerprint import config_fingerprint
 from openrlhf_hacpo.utils.errors import CheckpointError, RunFolderError

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from openrlhf_hacpo.trainer.checkpoint import CheckpointManager, capture_rng_state, restore_rng_state
+from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
+from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state
 from openrlhf_hacpo.reproduce.metrics import pass_at_k
 from openrlhf_hacpo.trainer.metrics import MetricsLogger, read_jsonl
 

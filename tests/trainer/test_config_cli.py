@@ -5,7 +5,7 @@ import pytest
 
 from openrlhf_hacpo.algorithms import HACPOConfig
 from openrlhf_hacpo.cli.train_hacpo import build_config, build_parser, load_agents_file, main, parse_agent_spec
-from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+from openrlhf_hacpo.config import AgentConfig, TrainConfig
 
 BASE = ["--prompt_data", "data.jsonl", "--agent", "name=a,pretrain=/m/a", "--agent", "name=b,pretrain=/m/b",
         "--rollout_batch_size", "4", "--n_samples_per_prompt", "2", "--train_batch_size", "8",

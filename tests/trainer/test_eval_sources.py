@@ -97,7 +97,7 @@ def test_vllm_engines_have_room_for_the_longer_evaluation_responses(monkeypatch,
     """max_model_len = prompt_max_len + max(generate_max_len, eval_generate_max_len): no silent cap of eval length."""
     import openrlhf_hacpo.engines.vllm_engine as vllm_engine
     from openrlhf_hacpo.actors.agent_group import AgentGroup
-    from openrlhf_hacpo.trainer.config import AgentConfig, TrainConfig
+    from openrlhf_hacpo.config import AgentConfig, TrainConfig
 
     seen = {}
     monkeypatch.setattr(vllm_engine, "create_vllm_engines", lambda *a, **kw: seen.update(kw) or [])
