@@ -1,0 +1,126 @@
+"""Compare two runs' ``metrics.jsonl``: are the training values the same, and did any phase get slower?
+
+A refactor of the step must not change what it computes. This prints, for two run folders (or two
+``metrics.jsonl`` files):
+
+* the largest relative difference of every non-timing value (rewards, losses, ratios, clip fractions, capability,
+  token counts), record by record (step, agent), and the keys present in only one run;
+* the per-phase seconds (``time/*``) and throughput (``rollout/tokens_per_s``) of each run, as the mean over the
+  records, and their ratio new / old.
+
+    python benchmarks/compare_runs.py OLD_RUN NEW_RUN [--rtol 1e-6]
+
+Exit status 1 when a non-timing value differs by more than ``--rtol`` (relative, with ``--atol`` for values near
+zero) or the runs hold different records; timing never fails the comparison (machines are noisy: compare ratios
+measured back to back).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import statistics
+import sys
+
+TIMING_PREFIXES = ("time/",)
+TIMING_KEYS = {"rollout/tokens_per_s"}
+
+
+def is_timing(key: str) -> bool:
+    return key.startswith(TIMING_PREFIXES) or key in TIMING_KEYS
+
+
+def load(path: str) -> dict[tuple, dict]:
+    """Records keyed by (step, agent), with nested dicts flattened to ``a/b`` keys."""
+    p = pathlib.Path(path)
+    if p.is_dir():
+        p = p / "metrics.jsonl"
+    if not p.is_file():
+        raise SystemExit(f"compare_runs: {p} does not exist")
+    records = {}
+    for n, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SystemExit(f"compare_runs: {p} line {n} is not JSON ({exc})") from None
+        flat = {}
+
+        def walk(d, prefix=""):
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    walk(v, f"{prefix}{k}/")
+                else:
+                    flat[f"{prefix}{k}"] = v
+
+        walk(rec)
+        records[(flat.get("step"), flat.get("agent"))] = flat
+    return records
+
+
+def compare(old: dict, new: dict, rtol: float, atol: float) -> tuple[list[str], float]:
+    """Problems found and the largest relative difference of any non-timing number."""
+    problems, worst = [], 0.0
+    if old.keys() != new.keys():
+        problems.append(f"records differ: only old {sorted(old.keys() - new.keys(), key=str)}, "
+                        f"only new {sorted(new.keys() - old.keys(), key=str)}")
+    for key in sorted(old.keys() & new.keys(), key=str):
+        a, b = old[key], new[key]
+        for name in sorted((a.keys() | b.keys())):
+            if is_timing(name):
+                continue
+            if name not in a or name not in b:
+                problems.append(f"{key}: {name} only in {'new' if name in b else 'old'}")
+                continue
+            x, y = a[name], b[name]
+            if isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool):
+                if math.isnan(x) and math.isnan(y):
+                    continue
+                diff = abs(x - y)
+                rel = diff / max(abs(x), abs(y), 1e-300)
+                worst = max(worst, rel if diff > atol else 0.0)
+                if diff > atol + rtol * max(abs(x), abs(y)):
+                    problems.append(f"{key}: {name} {x!r} -> {y!r}")
+            elif x != y:
+                problems.append(f"{key}: {name} {x!r} -> {y!r}")
+    return problems, worst
+
+
+def timing_table(old: dict, new: dict) -> list[str]:
+    names = sorted({k for rec in (*old.values(), *new.values()) for k in rec if is_timing(k)})
+    lines = ["| value | old (mean) | new (mean) | new / old |", "|---|---:|---:|---:|"]
+    for name in names:
+        xs = [r[name] for r in old.values() if isinstance(r.get(name), (int, float))]
+        ys = [r[name] for r in new.values() if isinstance(r.get(name), (int, float))]
+        if not xs or not ys:
+            continue
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        ratio = f"{my / mx:.2f}" if mx else "-"
+        lines.append(f"| {name} | {mx:.3f} | {my:.3f} | {ratio} |")
+    return lines
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("old", help="run folder or metrics.jsonl")
+    parser.add_argument("new", help="run folder or metrics.jsonl")
+    parser.add_argument("--rtol", type=float, default=1e-6, help="relative tolerance of non-timing values")
+    parser.add_argument("--atol", type=float, default=1e-9, help="absolute tolerance of non-timing values")
+    args = parser.parse_args(argv)
+    old, new = load(args.old), load(args.new)
+    problems, worst = compare(old, new, args.rtol, args.atol)
+    print(f"{len(old)} / {len(new)} records (step, agent); largest relative difference of a non-timing value: "
+          f"{worst:.3g} (rtol {args.rtol:g}, atol {args.atol:g})")
+    for p in problems[:40]:
+        print("  DIFF", p)
+    if len(problems) > 40:
+        print(f"  ... and {len(problems) - 40} more")
+    print()
+    print("\n".join(timing_table(old, new)))
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
