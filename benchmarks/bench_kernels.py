@@ -33,23 +33,22 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 import pathlib
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script from anywhere
-    sys.path.insert(0, str(ROOT))
+for entry in (ROOT, ROOT / "benchmarks"):
+    if str(entry) not in sys.path:  # run as a script from anywhere
+        sys.path.insert(0, str(entry))
 
+from results_io import RESULTS_DIR, device_name, run_facts, save_results  # noqa: E402
 from hacpo_kernels import (  # noqa: E402
     cross_clip_lower_bound,
     fused_linear_logprobs,
@@ -57,7 +56,6 @@ from hacpo_kernels import (  # noqa: E402
     logprobs_from_logits,
 )
 
-RESULTS_DIR = ROOT / "benchmarks" / "results"
 FULL_SHAPES = [(n, v) for n in (4096, 16384, 65536) for v in (32000, 128256, 151936)]
 QUICK_SHAPES = [(4096, 151936), (16384, 151936)]
 CPU_SHAPES = [(512, 32000), (2048, 32000)]
@@ -586,21 +584,6 @@ def markdown(meta: dict, rows: list[Row], summary: list[str]) -> str:
     return "\n".join(out)
 
 
-def atomic_write(path: pathlib.Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def parse_shapes(text: str) -> list[tuple[int, int]]:
     shapes = []
     for item in text.split(","):
@@ -641,37 +624,19 @@ def main(argv=None) -> int:
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         _pin_malloc_to_mmap()
     if device == "cuda":
-        device_name = torch.cuda.get_device_name()
         shapes = args.shapes or (QUICK_SHAPES if args.quick else FULL_SHAPES)
         fl_shapes = [(4096, 151936)] if args.quick else [(4096, 151936), (16384, 151936)]
         h_dim = args.hidden or 4096
         fl_chunk = None  # library defaults
-        peak_tbs = next((tbs for key, tbs in HBM_PEAK_TBS.items() if key in device_name), None)
+        peak_tbs = next((tbs for key, tbs in HBM_PEAK_TBS.items() if key in device_name(device)), None)
     else:
-        device_name = f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
         shapes = args.shapes or CPU_SHAPES
         fl_shapes = [(4096, 32000)]
         h_dim = args.hidden or 256
         fl_chunk = 256  # several token chunks at this small N
         peak_tbs = None
     meter = Meter(device, cpu_reps=2 if args.quick else 3)
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "n/a"
-    meta = {
-        "device": device,
-        "device_name": device_name,
-        "command": "python " + " ".join([pathlib.Path(sys.argv[0]).as_posix()] + (argv if argv is not None
-                                                                                 else sys.argv[1:])),
-        "torch": torch.__version__,
-        "triton": triton_version,
-        "platform": platform.platform(),
-        "hbm_peak_tbs": peak_tbs,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
+    meta = run_facts(device, argv, hbm_peak_tbs=peak_tbs)
     loss_shapes = args.loss_shapes or (LOSS_SHAPES + LOSS_SHAPES_CUDA_LARGE if device == "cuda" else LOSS_SHAPES)
     if args.only and (args.no_loss or args.no_fused_linear):
         parser.error("--only cannot be combined with --no-loss / --no-fused-linear")
@@ -686,11 +651,10 @@ def main(argv=None) -> int:
         meta["complete"] = complete
         md = markdown(meta, rows, summary)
         payload = {"meta": meta, "rows": [asdict(r) for r in rows], "summary": summary}
-        atomic_write(RESULTS_DIR / f"{stem}.json", json.dumps(payload, indent=2) + "\n")
-        atomic_write(RESULTS_DIR / f"{stem}.md", md)
+        save_results(stem, payload, md, RESULTS_DIR)
         return md
 
-    print(f"benchmark on {device_name}: sections {sorted(sections)}", flush=True)
+    print(f"benchmark on {meta['device_name']}: sections {sorted(sections)}", flush=True)
     if "logits" in sections:
         for shape in shapes:
             rows += bench_logits(meter, device, [shape])

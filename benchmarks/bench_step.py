@@ -26,7 +26,6 @@ import gc
 import json
 import os
 import pathlib
-import platform
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ for entry in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(entry))
 
 from bench_kernels import MIB, _pin_malloc_to_mmap, _reset_peak_rss, _status_kib  # noqa: E402
+from results_io import RESULTS_DIR, run_facts, save_results  # noqa: E402
 
 MODELS = ("large_vocab", "zoo")
 PASSES = ("score", "update")
@@ -49,7 +49,6 @@ CPU_TARGETS = {"score": 0.25, "update": 0.50}
 """Peak-memory ratio fused/logits the fused path must reach on CPU at vocabulary 151,936 (time: <= 1.1x)."""
 TIME_TARGET = 1.1
 LARGE_VOCAB = 151936
-RESULTS_DIR = ROOT / "benchmarks" / "results"
 
 
 @dataclass(frozen=True)
@@ -349,27 +348,17 @@ def main(argv=None) -> int:
     warmup = 1 if cuda or not args.quick else 0
     large = args.large_shape or (Shape(8, 128, 1024) if cuda else Shape(8, 32, 512))
     shapes = {"large_vocab": large, "zoo": args.zoo_shape}
-    device_name = torch.cuda.get_device_name() if cuda else (
-        f"CPU ({platform.processor() or platform.machine()}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '-')})")
-    meta = {
-        "device": device, "device_name": device_name, "dtype": dtype, "reps": reps, "warmup": warmup,
-        "command": "python " + " ".join([pathlib.Path(sys.argv[0]).as_posix()]
-                                        + (list(argv) if argv is not None else sys.argv[1:])),
-        "torch": torch.__version__, "platform": platform.platform(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "shapes": {m: asdict(shapes[m]) for m in models}, "in_process": args.in_process or cuda,
-    }
+    meta = run_facts(device, argv, dtype=dtype, reps=reps, warmup=warmup,
+                     shapes={m: asdict(shapes[m]) for m in models}, in_process=args.in_process or cuda)
     stem = args.out or f"step_{device}"
     results: list[Result] = []
 
     def save(complete: bool) -> str:
-        from openrlhf_hacpo.utils.atomic import atomic_write_text
-
         meta["complete"] = complete
         ratio_rows = ratios(results)
         md = markdown(meta, results, ratio_rows)
         payload = {"meta": meta, "results": [asdict(r) for r in results], "ratios": ratio_rows}
-        atomic_write_text(RESULTS_DIR / f"{stem}.json", json.dumps(payload, indent=2) + "\n")
-        atomic_write_text(RESULTS_DIR / f"{stem}.md", md)
+        save_results(stem, payload, md, RESULTS_DIR)
         return md
 
     for model in models:

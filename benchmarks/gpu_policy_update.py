@@ -16,27 +16,26 @@ initial weights and the per-update losses and final weights are compared.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import pathlib
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for entry in (ROOT, ROOT / "benchmarks"):
+    if str(entry) not in sys.path:  # run as a script from anywhere
+        sys.path.insert(0, str(entry))
 
 from openrlhf_hacpo.algorithms import PolicyLossConfig, PolicyLossInput, get_policy_loss  # noqa: E402
 from openrlhf_hacpo.models import response_logprobs, rows_to_batch  # noqa: E402
 from openrlhf_hacpo.zoo.models import ModelSpec, build_model  # noqa: E402
 from openrlhf_hacpo.zoo.tokenizers import build_tokenizer  # noqa: E402
+from results_io import RESULTS_DIR, save_results  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 
 
 def make_batch(vocab: int, rows: int, prompt_len: int, response_len: int, seed: int):
@@ -163,13 +162,9 @@ def main(argv=None) -> int:
     lines += ["", f"Skipped non-finite update left every parameter and Adam counter unchanged: {ok}."]
     text = "\n".join(lines) + "\n"
     print(text)
-    out = pathlib.Path(args.out) if args.out else RESULTS / f"policy_update_{device.type}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=out.parent, delete=False, suffix=".tmp") as f:
-        f.write(text)
-    os.replace(f.name, out)
-    (out.with_suffix(".json")).write_text(json.dumps(
-        {b: {k: v for k, v in r.items() if k != "weights"} for b, r in results.items()}, indent=1))
+    out = pathlib.Path(args.out) if args.out else RESULTS_DIR / f"policy_update_{device.type}.md"
+    save_results(out.stem, {b: {k: v for k, v in r.items() if k != "weights"} for b, r in results.items()}, text,
+                 out.parent)
     return 0 if ok else 1
 
 

@@ -24,6 +24,7 @@ for entry in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(entry))
 
 from bench_kernels import HBM_PEAK_TBS, LOSS_HP, make_loss_inputs  # noqa: E402
+from results_io import run_facts, save_results  # noqa: E402
 from hacpo_kernels import hacpo_loss  # noqa: E402
 
 loss_module = importlib.import_module("hacpo_kernels.hacpo_loss")  # the package re-exports the function's name
@@ -109,8 +110,6 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     loss_module.FWD_TILE, loss_module.BWD_TILE = default_fwd, default_bwd
 
-    out_dir = ROOT / "benchmarks" / "results"
-    (out_dir / f"{args.out}.json").write_text(json.dumps({"device": name, "rows": results}, indent=1))
     lines = [f"# HACPO loss kernel tiles ({name})", "", "Command: `python benchmarks/tune_loss_tiles.py`  ",
              f"torch {torch.__version__}; GPU ms per launch from torch.profiler (mean of 20); x floor = time over "
              f"the kernel's own bytes (forward: read logp, mask, ref_logp; backward: the same + write d logp) at "
@@ -122,7 +121,7 @@ def main(argv=None) -> int:
         xf = f"{r['x_floor']:.2f}" if r["x_floor"] is not None else "-"
         lines.append(f"| {r['kernel']} | {r['B']} | {r['T']} | {tuple(r['tile'])} | {ms} | {xf} | "
                      f"{r['matches_twin']} | {r.get('note', '')} |")
-    (out_dir / f"{args.out}.md").write_text("\n".join(lines) + "\n")
+    save_results(args.out, {"meta": run_facts("cuda", argv), "rows": results}, "\n".join(lines))
     print("\n".join(lines))
     return 0
 
