@@ -19,6 +19,7 @@ Batch sizes follow OpenRLHF's meaning:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import re
@@ -28,6 +29,9 @@ from typing import Any, Mapping
 from hacpo_kernels.dispatch import BACKENDS as KERNEL_BACKENDS
 from openrlhf_hacpo.algorithms import HACPOConfig
 from openrlhf_hacpo.models.logprobs import LOGPROB_PATHS
+from openrlhf_hacpo.rollout.trajectory import EOS_POLICIES
+from openrlhf_hacpo.rollout.views import MINIBATCH_ORDERS
+from openrlhf_hacpo.utils.options import option
 
 __all__ = [
     "AGENT_FIELDS",
@@ -39,11 +43,15 @@ __all__ = [
 
 ROLLOUT_BACKENDS = ("hf", "vllm")
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
-MINIBATCH_ORDERS = ("own_first", "stratified", "shuffle")
-EOS_POLICIES = ("drop", "keep")
 DEVICES = ("auto", "cpu", "cuda")
-
 WANDB_MODES = ("online", "offline", "disabled")
+_prompts = functools.partial(option, group="prompts")
+_rollout = functools.partial(option, group="rollout")
+_rewards = functools.partial(option, group="rewards")
+_training = functools.partial(option, group="training")
+_outputs = functools.partial(option, group="checkpoints and logging")
+_evaluation = functools.partial(option, group="evaluation")
+_network = functools.partial(option, group="reliability and network")
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -193,104 +201,140 @@ _INHERITED = {
 
 @dataclass
 class TrainConfig:
-    """Everything one run needs; built from the command line by ``openrlhf_hacpo.cli.train_hacpo.build_config``."""
+    """Everything one run needs; built from the command line by ``openrlhf_hacpo.cli.train_hacpo.build_config``.
+
+    Each field's ``metadata`` holds its command-line flag (:func:`~openrlhf_hacpo.utils.options.option`); flag names
+    follow OpenRLHF where the meaning is the same.
+    """
 
     agents: list[AgentConfig]
-    algo: HACPOConfig = field(default_factory=HACPOConfig)
+    algo: HACPOConfig = field(default_factory=HACPOConfig, metadata={"group": "algorithm"})
 
-    # -- prompts
-    prompt_data: str = ""
-    prompt_split: str = "train"
-    input_key: str = "input"
-    label_key: str = "label"
-    max_samples: int | None = None
-    apply_chat_template: bool = False
-    enable_thinking: bool | None = False
-    prompt_max_len: int = 1024
-    drop_long_prompts: bool = False
-    generate_max_len: int = 1024
+    prompt_data: str = _prompts("", required=True, help="jsonl / json / parquet file or a datasets hub name")
+    prompt_split: str = _prompts("train", help="split of a hub dataset")
+    input_key: str = _prompts("input", help="record field holding the prompt")
+    label_key: str = _prompts("label", help="record field holding the answer")
+    max_samples: int | None = _prompts(None, help="use only the first N prompts")
+    apply_chat_template: bool = _prompts(False, help="render prompts with each agent's chat template (each agent its "
+                                         "own)")
+    enable_thinking: bool | None = _prompts(False, help="pass enable_thinking=True to chat templates that read it "
+                                            "(Qwen3); default False")
+    prompt_max_len: int = _prompts(1024, help="prompt tokens kept (left-truncated) in learner views")
+    drop_long_prompts: bool = _prompts(False, help="drop, at load, prompts longer than --prompt_max_len tokens in any "
+                                       "agent's rendering (as the official code does) instead of keeping their last "
+                                       "--prompt_max_len tokens")
+    generate_max_len: int = _prompts(1024, help="max new tokens per response (foreign re-tokenized responses are "
+                                     "right-truncated to it)")
 
-    # -- rollout
-    rollout_backend: str = "hf"
-    n_samples_per_prompt: int = 8
-    rollout_batch_size: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    eos_policy: str = "drop"
-    vllm_num_engines: int = 1
-    vllm_tensor_parallel_size: int = 1
+    rollout_backend: str = _rollout("hf", choices=ROLLOUT_BACKENDS, help="vllm: vLLM engines as Ray actors; hf: "
+                                    "transformers generate inside the policy actor")
+    n_samples_per_prompt: int = _rollout(8, help="G, responses per prompt and agent")
+    rollout_batch_size: int = _rollout(128, help="prompts per step")
+    temperature: float = _rollout(1.0, help="rollout temperature (also used for every log-prob)")
+    top_p: float = _rollout(1.0, help="nucleus sampling mass")
+    top_k: int = _rollout(-1, help="-1 disables")
+    eos_policy: str = _rollout("drop", choices=EOS_POLICIES, help="drop: the terminal EOS is not trained (official "
+                               "v1 code); keep: it is an action")
+    vllm_num_engines: int = _rollout(1, help="engines per agent")
+    vllm_tensor_parallel_size: int = _rollout(1, help="tensor-parallel GPUs per engine")
     # None: chosen per device by openrlhf_hacpo.engines.settings (CPU: eager; GPU: CUDA graphs, 0.95 of a
     # dedicated GPU, 0.5 and sleep mode when colocated)
-    vllm_gpu_memory_utilization: float | None = None
-    vllm_enforce_eager: bool | None = None
-    vllm_enable_sleep: bool | None = None
-    colocate_all_models: bool = False
+    vllm_gpu_memory_utilization: float | None = _rollout(
+        None, help="GPU memory fraction of an engine (default: 0.95 on a dedicated GPU, 0.5 colocated)")
+    vllm_enforce_eager: bool | None = _rollout(
+        None, help="no CUDA graphs (the default on CPU; faster start, slower generation on GPU)",
+        false_flag="--vllm_enable_cuda_graph", false_help="let vLLM capture CUDA graphs (the default on GPU)")
+    vllm_enable_sleep: bool | None = _rollout(
+        None, help="engines free their GPU memory between generations (the default when colocated)",
+        false_flag="--vllm_disable_sleep", false_help="engines keep their GPU memory")
+    colocate_all_models: bool = _rollout(False, help="place an agent's policy, reference and vLLM engines on the same "
+                                         "GPUs")
 
-    # -- rewards
-    reward_fn: str = "boxed_math"
-    reward_num_workers: int = 1
-    reward_timeout: float | None = 300.0
-    reward_stall_steps: int = 5
+    reward_fn: str = _rewards("boxed_math", help="registered verifier (exact_match, boxed_math, arithmetic) or a "
+                              "Python file defining reward_func(queries, prompts, labels)")
+    reward_num_workers: int = _rewards(1, help="reward worker processes (0: in a thread of the driver)")
+    reward_timeout: float | None = _rewards(300.0, zero_is_none=True, help="seconds allowed to score one step's "
+                                            "responses, with any number of workers (0: no limit)")
+    reward_stall_steps: int = _rewards(5, help="warn when an agent's rewards are all equal (e.g. all 0) for this many "
+                                       "steps in a row (0: never)")
 
-    # -- optimisation
-    train_batch_size: int = 512
-    micro_train_batch_size: int = 8
-    max_epochs: int = 1
-    num_episodes: int = 1
-    max_steps: int | None = None
-    minibatch_order: str = "stratified"
-    actor_learning_rate: float = 1e-6
-    allow_zero_lr: bool = False
-    lr_scheduler: str = "constant_with_warmup"
-    lr_warmup_steps: int = 0
-    min_lr_ratio: float = 0.1
-    max_norm: float = 1.0
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    l2: float = 0.01
-    zero_stage: int = 2
-    bf16: bool = False
-    gradient_checkpointing: bool = False
-    attn_implementation: str = "sdpa"
-    kernel_backend: str = "auto"
-    logprob_path: str = "fused"
-    actor_num_gpus_per_node: int = 1
-    device: str = "auto"
+    train_batch_size: int = _training(512, help="rows per optimizer update (global over an agent's workers)")
+    micro_train_batch_size: int = _training(8, help="rows per forward/backward on one worker")
+    max_epochs: int = _training(1, help="passes over each step's rows")
+    num_episodes: int = _training(1, help="passes over the prompts")
+    max_steps: int | None = _training(None, help="stop after this many steps")
+    minibatch_order: str = _training(
+        "stratified", choices=MINIBATCH_ORDERS, help="how rows are assigned to the updates m of a step: stratified "
+        "(every update sees the same share of each source, the net effect of both official runs), own_first (the v1 "
+        "code's literal order; it mixes sources only at 8-rank data parallelism), shuffle")
+    actor_learning_rate: float = _training(1e-6, help="learning rate of every agent without its own")
+    allow_zero_lr: bool = _training(False, help="accept a learning rate of 0 (an agent that never changes); refused "
+                                    "without this flag")
+    lr_scheduler: str = _training("constant_with_warmup", choices=LR_SCHEDULERS, help="learning-rate schedule")
+    lr_warmup_steps: int = _training(0, help="optimizer updates")
+    min_lr_ratio: float = _training(0.1, help="final lr / lr of the cosine schedule")
+    max_norm: float = _training(1.0, help="gradient clipping (0 disables)")
+    adam_betas: tuple[float, float] = _training((0.9, 0.999), help="AdamW betas")
+    l2: float = _training(0.01, help="AdamW weight decay")
+    zero_stage: int = _training(2, choices=(0, 1, 2, 3), help="DeepSpeed ZeRO stage")
+    bf16: bool = _training(False, help="bf16 weights with fp32 master weights")
+    gradient_checkpointing: bool = _training(False, help="recompute activations in the backward pass")
+    attn_implementation: str = _training("sdpa", help="sdpa | eager | flash_attention_2")
+    kernel_backend: str = _training("auto", choices=KERNEL_BACKENDS, help="loss and log-prob kernels: auto = Triton "
+                                    "on CUDA tensors, the torch twin elsewhere (the HACPO_KERNEL_BACKEND environment "
+                                    "variable overrides auto)")
+    logprob_path: str = _training("fused", choices=LOGPROB_PATHS, help="fused: log-probs from the final hidden states "
+                                  "and the LM head in tiles, without the full logits; logits: from the model's logits "
+                                  "of the response positions")
+    actor_num_gpus_per_node: int = _training(1, help="data-parallel policy workers per agent")
+    device: str = _training("auto", choices=DEVICES, help="auto: cuda when the Ray cluster has GPUs")
+    use_ray: bool = _training(True, flag="--no_ray", help="run every agent's worker inside this process (one worker "
+                              "per agent; hf backend)")
+    seed: int = _training(42, help="seed of sampling, shuffling and initialisation")
 
-    # -- outputs
-    save_path: str = "./runs/hacpo"
-    ckpt_path: str | None = None
-    save_steps: int = -1
-    max_ckpt_num: int = 3
-    save_hf: bool = True
-    save_rollouts: bool = False
-    logging_steps: int = 1
-    use_tensorboard: str | None = None
-    use_wandb: bool = False
-    wandb_project: str = "openrlhf-hacpo"
-    wandb_run_name: str | None = None
-    wandb_mode: str = "offline"
-    progress_bar: bool = True
+    save_path: str = _outputs("./runs/hacpo", help="run folder: metrics.jsonl, eval.jsonl, hf/<agent>/, tensorboard/")
+    ckpt_path: str | None = _outputs(None, help="joint checkpoints [<save_path>/checkpoints]")
+    save_steps: int = _outputs(-1, help="joint checkpoint every N steps (-1: only at the end)")
+    max_ckpt_num: int = _outputs(3, help="joint checkpoints kept")
+    save_hf: bool = _outputs(True, flag="--no_save_hf", help="skip the per-agent Hugging Face checkpoints")
+    save_rollouts: bool = _outputs(False, help="write each step's trajectories as jsonl")
+    resume: bool = _outputs(False, help="continue from the latest joint checkpoint")
+    resume_accept_mismatch: bool = _outputs(
+        False, help="resume even when the checkpoint was written with other settings (algorithm, agents, seed, batch "
+        "geometry, loss settings); the differences are logged")
+    overwrite: bool = _outputs(False, help="start a fresh run in a save path that holds an earlier run, deleting its "
+                               "metrics, evaluations, checkpoints, hf/ and rollouts/ (refused without this flag or "
+                               "--resume)")
+    logging_steps: int = _outputs(1, help="log every N steps")
+    use_tensorboard: str | None = _outputs(None, metavar="DIR", help="TensorBoard log folder")
+    use_wandb: bool = _outputs(False, help="log to Weights & Biases")
+    wandb_project: str = _outputs("openrlhf-hacpo", help="Weights & Biases project")
+    wandb_run_name: str | None = _outputs(None, help="Weights & Biases run name")
+    wandb_mode: str = _outputs("offline", choices=WANDB_MODES, help="Weights & Biases mode")
+    progress_bar: bool = _outputs(True, flag="--no_progress_bar", help="no progress bar")
 
-    # -- evaluation
-    eval_data: str | None = None  # one file, or several separated by commas (reported per data_source)
-    eval_split: str = "test"
-    eval_steps: int = -1
-    eval_n_samples: int = 1
-    eval_temperature: float = 1.0
-    eval_max_samples: int | None = None
-    eval_generate_max_len: int | None = None
-    eval_before_training: bool = False
+    # one file, or several separated by commas (reported per data_source)
+    eval_data: str | None = _evaluation(None, join=",", metavar="FILE", help="validation prompts (same keys as "
+                                        "--prompt_data); several files are reported per data_source")
+    eval_split: str = _evaluation("test", help="split of a hub dataset")
+    eval_steps: int = _evaluation(-1, help="evaluate every N steps and at the end (-1: only at the end, when eval_data "
+                                  "is given)")
+    eval_n_samples: int = _evaluation(1, help="k of pass@k: sampled responses per prompt besides the greedy one (1: "
+                                      "greedy only)")
+    eval_temperature: float = _evaluation(1.0, help="temperature of the sampled responses")
+    eval_max_samples: int | None = _evaluation(None, help="evaluate on the first N prompts")
+    eval_generate_max_len: int | None = _evaluation(None, help="max new tokens of evaluation responses; vLLM engines "
+                                                    "are sized for the longer of the two [--generate_max_len]")
+    eval_before_training: bool = _evaluation(False, help="also evaluate at step 0, before training")
 
-    # -- misc
-    seed: int = 42
-    resume: bool = False
-    resume_accept_mismatch: bool = False
-    overwrite: bool = False
-    use_ray: bool = True
-    step_timeout: float | None = 3600.0
-    bind_host: str = "127.0.0.1"
-    ray_address: str | None = None
+    step_timeout: float | None = _network(
+        3600.0, zero_is_none=True, help="seconds any remote phase (setup, generate, score, update, sync, save, "
+        "evaluate) of an agent may take before the run stops with an error naming the agent and phase (0: no limit)")
+    bind_host: str = _network("127.0.0.1", help="node address of the local Ray instance a run starts (choose the "
+                              "interface on a machine with several; Ray 2.60 replaces a loopback address by the "
+                              "machine's, see docs/training.md, Security)")
+    ray_address: str | None = _network(None, help="join an existing Ray cluster (e.g. auto or HOST:6379) instead of "
+                                       "starting a local one")
 
     def __post_init__(self) -> None:
         if isinstance(self.adam_betas, list):

@@ -19,6 +19,7 @@ from hacpo_kernels.hacpo_loss import (
     cross_clip_lower_bound,
     validate_loss_params,
 )
+from openrlhf_hacpo.utils.options import option
 
 ALGORITHMS = ("hacpo", "gspo", "grpo", "naive")
 """Policy-loss families; each is also the name of a registered policy loss."""
@@ -93,12 +94,13 @@ class CapabilityConfig:
     * ``warmup_steps``: for the first ``warmup_steps`` updates every ratio is 1.
     """
 
-    metric: str = "positive_rate"
-    window: int = 5
+    metric: str = option("positive_rate", flag="--capability_metric", choices=CAPABILITY_METRICS,
+                         help="per-step capability")
+    window: int = option(5, flag="--capability_window", help="K, steps averaged in the capability estimate (eq. 9)")
     floor: float = 1e-8
-    ratio_min: float = 0.1
-    ratio_max: float = 10.0
-    warmup_steps: int = 0
+    ratio_min: float = option(0.1, flag="--capability_ratio_min", help="capability ratios are clipped to [min, max]")
+    ratio_max: float = option(10.0, flag="--capability_ratio_max", help="upper clip of the capability ratios")
+    warmup_steps: int = option(0, flag="--capability_warmup_steps", help="steps with every capability ratio 1")
 
     def __post_init__(self) -> None:
         self.validate()
@@ -141,7 +143,9 @@ class AdvantageConfig:
       responses than the others.
     """
 
-    capability_weighting: bool = True
+    capability_weighting: bool = option(True, flag="--no_capability_advantage", only_for="shared_rollouts",
+                                        help="plain joint-group mean baseline instead of the capability-weighted one "
+                                        "(eq. 7)")
     scope: str = "joint"
     std_normalize: bool = True
     eps: float = 1e-6
@@ -204,23 +208,35 @@ class PolicyLossConfig:
       ``"token-mean"`` (every token weighted equally).
     """
 
-    eps_low: float = 3e-4
-    eps_high: float = 4e-4
-    delta: float = 0.2
-    delta_step: float = 0.025
-    stepwise: bool = True
-    cross_clip: bool = True
-    cross_clip_high: float = 1.0
-    cross_clip_mode: str = "clamp"
-    cross_clip_dual: float = 3.0
-    alpha: float = 1.0
-    capability_coef: bool = True
-    log_ratio_clip: float | None = 10.0
+    eps_low: float = option(3e-4, flag="--eps_clip_low", help="own-rollout clip: ratio in [1-low, 1+high] (GSPO "
+                            "3e-4 / 4e-4; grpo 0.2 / 0.28)")
+    eps_high: float = option(4e-4, flag="--eps_clip_high", help="upper end of the own-rollout clip")
+    delta: float = option(0.2, flag="--cross_clip_delta", only_for="hacpo",
+                          help="δ: foreign ratios are clipped to [1-δ, 1] (eq. 13)")
+    delta_step: float = option(0.025, flag="--cross_clip_step", only_for="hacpo",
+                               help="δ_step: the lower bound rises by this per update m (eq. 14)")
+    stepwise: bool = option(True, flag="--no_stepwise", only_for="hacpo", help="fixed foreign lower bound 1-δ")
+    cross_clip: bool = option(True, flag="--no_cross_clip", only_for="hacpo", help="no clamp on foreign ratios")
+    cross_clip_high: float = option(1.0, only_for="hacpo", help="upper end of the foreign window [lo, high]; above 1 "
+                                    "also trains on foreign rollouts the learner already finds likelier than their "
+                                    "source did (extension, not in the paper)")
+    cross_clip_mode: str = option("clamp", choices=CROSS_CLIP_MODES, only_for="hacpo",
+                                  help="clamp: foreign rows outside the window get no gradient (paper); pessimistic: "
+                                  "PPO's min(s·A, clip(s)·A), so foreign successes below the window and failures "
+                                  "above it keep theirs (extension, not in the paper)")
+    cross_clip_dual: float = option(3.0, only_for="hacpo", help="pessimistic mode: foreign failures with ratio above "
+                                    "this get no gradient (dual clip)")
+    alpha: float = option(1.0, only_for="hacpo", help="exponential importance-sampling exponent α (eq. 12)")
+    capability_coef: bool = option(True, flag="--no_capability_coef", only_for="hacpo",
+                                   help="drop the capability coefficient ω^(j,k) on foreign rows (eq. 10)")
+    log_ratio_clip: float | None = option(10.0, help="clamp of the log importance ratio")
     log_ratio_clip_mode: str = "symmetric"
-    kl_coef: float = 0.001
-    ratio_level: str = "sequence"
+    kl_coef: float = option(0.001, flag="--init_kl_coef", help="low-variance KL to the initial policy on own rows; 0 "
+                            "disables the reference model")
+    ratio_level: str = option("sequence", choices=RATIO_LEVELS, help="sequence (GSPO) or token ratios (gspo / grpo "
+                              "only)")
     gspo_form: str = "sequence"
-    loss_agg: str = "seq-mean-token-mean"
+    loss_agg: str = option("seq-mean-token-mean", choices=LOSS_AGGREGATIONS, help="how objectives are averaged")
 
     def __post_init__(self) -> None:
         self.validate()
