@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from openrlhf_hacpo.algorithms import HACPOConfig
 from openrlhf_hacpo.models.logprobs import LOGPROB_PATHS
 from openrlhf_hacpo.rollout.trajectory import EOS_POLICIES
 from openrlhf_hacpo.rollout.views import MINIBATCH_ORDERS
+from openrlhf_hacpo.utils.checks import check_bool, check_choice, check_int, check_real, check_str, fail
 from openrlhf_hacpo.utils.options import option
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
 ROLLOUT_BACKENDS = ("hf", "vllm")
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
 DEVICES = ("auto", "cpu", "cuda")
+ZERO_STAGES = (0, 1, 2, 3)
 WANDB_MODES = ("online", "offline", "disabled")
 _prompts = functools.partial(option, group="prompts")
 _rollout = functools.partial(option, group="rollout")
@@ -55,48 +56,12 @@ _network = functools.partial(option, group="reliability and network")
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def _fail(where: str, rule: str, value: Any) -> None:
-    raise ValueError(f"{where} must be {rule}, got {value!r}")
-
-
-def _check_int(where: str, value: Any, minimum: int | None = None, allow_none: bool = False) -> None:
+def _check_zero_stage(where: str, value: Any, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, int):
-        _fail(where, "an int", value)
-    if minimum is not None and value < minimum:
-        _fail(where, f">= {minimum}", value)
-
-
-def _check_real(where: str, value: Any, low: float | None = None, high: float | None = None,
-                low_open: bool = False, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        _fail(where, "a finite number", value)
-    if low is not None and (value <= low if low_open else value < low):
-        _fail(where, f"{'>' if low_open else '>='} {low}", value)
-    if high is not None and value > high:
-        _fail(where, f"<= {high}", value)
-
-
-def _check_bool(where: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, bool):
-        _fail(where, "a bool", value)
-
-
-def _check_choice(where: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        _fail(where, f"one of {list(choices)}", value)
-
-
-def _check_str(where: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, str) or not value:
-        _fail(where, "a non-empty string", value)
+    check_int(where, value)
+    if value not in ZERO_STAGES:
+        fail(where, "0, 1, 2 or 3", value)
 
 
 @dataclass
@@ -130,23 +95,20 @@ class AgentConfig:
         self.validate("AgentConfig")
 
     def validate(self, where: str = "AgentConfig") -> None:
-        _check_str(f"{where}.name", self.name)
+        check_str(f"{where}.name", self.name)
         if not _AGENT_NAME.match(self.name):
-            _fail(f"{where}.name", "letters, digits, '_', '.', '-' (starting with a letter or digit)", self.name)
-        _check_str(f"{where}.pretrain", self.pretrain)
-        _check_str(f"{where}.tokenizer", self.tokenizer, allow_none=True)
-        _check_str(f"{where}.chat_template", self.chat_template, allow_none=True)
-        _check_real(f"{where}.learning_rate", self.learning_rate, low=0.0, allow_none=True)
-        if self.zero_stage is not None:
-            _check_int(f"{where}.zero_stage", self.zero_stage, 0)
-            if self.zero_stage > 3:
-                _fail(f"{where}.zero_stage", "0, 1, 2 or 3", self.zero_stage)
-        _check_bool(f"{where}.bf16", self.bf16, allow_none=True)
-        _check_bool(f"{where}.gradient_checkpointing", self.gradient_checkpointing, allow_none=True)
-        _check_int(f"{where}.dp_size", self.dp_size, 1, allow_none=True)
-        _check_int(f"{where}.vllm_num_engines", self.vllm_num_engines, 0, allow_none=True)
-        _check_int(f"{where}.vllm_tensor_parallel_size", self.vllm_tensor_parallel_size, 1, allow_none=True)
-        _check_str(f"{where}.attn_implementation", self.attn_implementation, allow_none=True)
+            fail(f"{where}.name", "letters, digits, '_', '.', '-' (starting with a letter or digit)", self.name)
+        check_str(f"{where}.pretrain", self.pretrain)
+        check_str(f"{where}.tokenizer", self.tokenizer, allow_none=True)
+        check_str(f"{where}.chat_template", self.chat_template, allow_none=True)
+        check_real(f"{where}.learning_rate", self.learning_rate, low=0.0, allow_none=True)
+        _check_zero_stage(f"{where}.zero_stage", self.zero_stage, allow_none=True)
+        check_bool(f"{where}.bf16", self.bf16, allow_none=True)
+        check_bool(f"{where}.gradient_checkpointing", self.gradient_checkpointing, allow_none=True)
+        check_int(f"{where}.dp_size", self.dp_size, 1, allow_none=True)
+        check_int(f"{where}.vllm_num_engines", self.vllm_num_engines, 0, allow_none=True)
+        check_int(f"{where}.vllm_tensor_parallel_size", self.vllm_tensor_parallel_size, 1, allow_none=True)
+        check_str(f"{where}.attn_implementation", self.attn_implementation, allow_none=True)
 
     @property
     def tokenizer_path(self) -> str:
@@ -276,7 +238,7 @@ class TrainConfig:
     max_norm: float = _training(1.0, help="gradient clipping (0 disables)")
     adam_betas: tuple[float, float] = _training((0.9, 0.999), help="AdamW betas")
     l2: float = _training(0.01, help="AdamW weight decay")
-    zero_stage: int = _training(2, choices=(0, 1, 2, 3), help="DeepSpeed ZeRO stage")
+    zero_stage: int = _training(2, choices=ZERO_STAGES, help="DeepSpeed ZeRO stage")
     bf16: bool = _training(False, help="bf16 weights with fp32 master weights")
     gradient_checkpointing: bool = _training(False, help="recompute activations in the backward pass")
     attn_implementation: str = _training("sdpa", help="sdpa | eager | flash_attention_2")
@@ -349,72 +311,65 @@ class TrainConfig:
         names = []
         for i, agent in enumerate(self.agents):
             if not isinstance(agent, AgentConfig):
-                _fail(f"agents[{i}]", "an AgentConfig", agent)
+                fail(f"agents[{i}]", "an AgentConfig", agent)
             agent.validate(f"agents[{i}] ({agent.name!r})" if isinstance(agent.name, str) else f"agents[{i}]")
             names.append(agent.name)
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"agents: agent names must be unique, {duplicates} appear more than once")
         if not isinstance(self.algo, HACPOConfig):
-            _fail("algo", "a HACPOConfig", self.algo)
+            fail("algo", "a HACPOConfig", self.algo)
         self.algo.validate()
 
-        _check_str("prompt_data", self.prompt_data)
+        check_str("prompt_data", self.prompt_data)
         for name in ("prompt_split", "input_key", "label_key", "reward_fn", "save_path", "wandb_project",
                      "eval_split", "attn_implementation", "bind_host"):
-            _check_str(name, getattr(self, name))
+            check_str(name, getattr(self, name))
         for name in ("ckpt_path", "use_tensorboard", "wandb_run_name", "eval_data", "ray_address"):
-            _check_str(name, getattr(self, name), allow_none=True)
+            check_str(name, getattr(self, name), allow_none=True)
         for name in ("vllm_enforce_eager", "vllm_enable_sleep"):
-            _check_bool(name, getattr(self, name), allow_none=True)
+            check_bool(name, getattr(self, name), allow_none=True)
         for name in ("drop_long_prompts", "apply_chat_template", "colocate_all_models", "bf16",
                      "gradient_checkpointing", "save_hf", "save_rollouts", "use_wandb", "progress_bar", "resume",
                      "use_ray", "eval_before_training", "allow_zero_lr", "resume_accept_mismatch",
                      "overwrite"):
-            _check_bool(name, getattr(self, name))
-        _check_bool("enable_thinking", self.enable_thinking, allow_none=True)
+            check_bool(name, getattr(self, name))
+        check_bool("enable_thinking", self.enable_thinking, allow_none=True)
         for name in ("prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size",
                      "train_batch_size", "micro_train_batch_size", "max_epochs", "num_episodes", "logging_steps",
                      "eval_n_samples", "vllm_tensor_parallel_size", "actor_num_gpus_per_node", "max_ckpt_num"):
-            _check_int(name, getattr(self, name), 1)
+            check_int(name, getattr(self, name), 1)
         for name in ("max_samples", "max_steps", "eval_max_samples", "eval_generate_max_len"):
-            _check_int(name, getattr(self, name), 1, allow_none=True)
+            check_int(name, getattr(self, name), 1, allow_none=True)
         for name in ("lr_warmup_steps", "reward_num_workers", "vllm_num_engines", "reward_stall_steps"):
-            _check_int(name, getattr(self, name), 0)
-        _check_int("seed", self.seed)
-        _check_int("top_k", self.top_k)
+            check_int(name, getattr(self, name), 0)
+        check_int("seed", self.seed)
+        check_int("top_k", self.top_k)
         if self.top_k == 0 or self.top_k < -1:
-            _fail("top_k", "-1 (disabled) or >= 1", self.top_k)
+            fail("top_k", "-1 (disabled) or >= 1", self.top_k)
         for name in ("save_steps", "eval_steps"):
-            _check_int(name, getattr(self, name))
+            check_int(name, getattr(self, name))
             if getattr(self, name) == 0 or getattr(self, name) < -1:
-                _fail(name, "-1 (never) or >= 1", getattr(self, name))
-        _check_real("temperature", self.temperature, low=0.0, low_open=True)
-        _check_real("eval_temperature", self.eval_temperature, low=0.0, low_open=True)
-        _check_real("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
-        _check_real("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, low=0.0, high=1.0,
+                fail(name, "-1 (never) or >= 1", getattr(self, name))
+        check_real("temperature", self.temperature, low=0.0, low_open=True)
+        check_real("eval_temperature", self.eval_temperature, low=0.0, low_open=True)
+        check_real("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
+        check_real("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, low=0.0, high=1.0,
                     low_open=True, allow_none=True)
-        _check_real("reward_timeout", self.reward_timeout, low=0.0, low_open=True, allow_none=True)
-        _check_real("step_timeout", self.step_timeout, low=0.0, low_open=True, allow_none=True)
-        _check_real("actor_learning_rate", self.actor_learning_rate, low=0.0)
-        _check_real("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
-        _check_real("max_norm", self.max_norm, low=0.0)
-        _check_real("l2", self.l2, low=0.0)
+        check_real("reward_timeout", self.reward_timeout, low=0.0, low_open=True, allow_none=True)
+        check_real("step_timeout", self.step_timeout, low=0.0, low_open=True, allow_none=True)
+        check_real("actor_learning_rate", self.actor_learning_rate, low=0.0)
+        check_real("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
+        check_real("max_norm", self.max_norm, low=0.0)
+        check_real("l2", self.l2, low=0.0)
         if (not isinstance(self.adam_betas, tuple) or len(self.adam_betas) != 2
                 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0
                            for b in self.adam_betas)):
-            _fail("adam_betas", "two numbers in [0, 1)", self.adam_betas)
-        _check_int("zero_stage", self.zero_stage, 0)
-        if self.zero_stage > 3:
-            _fail("zero_stage", "0, 1, 2 or 3", self.zero_stage)
-        _check_choice("rollout_backend", self.rollout_backend, ROLLOUT_BACKENDS)
-        _check_choice("eos_policy", self.eos_policy, EOS_POLICIES)
-        _check_choice("lr_scheduler", self.lr_scheduler, LR_SCHEDULERS)
-        _check_choice("minibatch_order", self.minibatch_order, MINIBATCH_ORDERS)
-        _check_choice("device", self.device, DEVICES)
-        _check_choice("kernel_backend", self.kernel_backend, KERNEL_BACKENDS)
-        _check_choice("logprob_path", self.logprob_path, LOGPROB_PATHS)
-        _check_choice("wandb_mode", self.wandb_mode, WANDB_MODES)
+            fail("adam_betas", "two numbers in [0, 1)", self.adam_betas)
+        check_int("zero_stage", self.zero_stage)
+        for f in dataclasses.fields(self):  # the choices of the field's flag are the field's allowed values
+            if "choices" in f.metadata:
+                check_choice(f.name, getattr(self, f.name), f.metadata["choices"])
         if self.overwrite and self.resume:
             raise ValueError("overwrite and resume exclude each other: --resume continues the run in save_path, "
                              "--overwrite deletes it")
@@ -431,11 +386,6 @@ class TrainConfig:
                 if agent.learning_rate == 0:
                     raise ValueError(f"agent {agent.name!r} has learning rate 0, so its weights never change; pass "
                                      "--allow_zero_lr if that is intended (e.g. a frozen partner)")
-        if algo.algorithm in ("hacpo", "naive") and algo.loss.ratio_level == "token":
-            raise ValueError(
-                f"ratio_level='token' is incompatible with algorithm={algo.algorithm!r}: foreign rows carry only the "
-                "source's sequence-mean old log-prob (use ratio_level='sequence', or gspo / grpo)"
-            )
         if not self.use_ray:
             for agent in self.resolved_agents():
                 if agent.dp_size != 1:

@@ -2,12 +2,12 @@
 
 Defaults follow the official HACPO code (spec §3.f), not the paper text, wherever the two differ; every
 paper variant is reachable through a field (see ``docs/algorithm.md`` for the list). Each dataclass validates
-itself in ``__post_init__`` and raises ``ValueError`` naming the offending field.
+itself in ``__post_init__`` and raises ``ValueError`` naming the offending field. Fields with a ``train_hacpo`` flag
+carry it in their metadata (:func:`~openrlhf_hacpo.utils.options.option`).
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -19,6 +19,7 @@ from hacpo_kernels.hacpo_loss import (
     cross_clip_lower_bound,
     validate_loss_params,
 )
+from openrlhf_hacpo.utils.checks import check_bool, check_choice, check_int, check_real, fail
 from openrlhf_hacpo.utils.options import option
 
 ALGORITHMS = ("hacpo", "gspo", "grpo", "naive")
@@ -39,34 +40,6 @@ PRESETS = (
 CAPABILITY_METRICS = ("positive_rate", "mean_reward")
 ADVANTAGE_SCOPES = ("joint", "own")
 GSPO_FORMS = ("sequence", "token")
-
-
-def _fail(owner: str, name: str, rule: str, value: Any) -> None:
-    raise ValueError(f"{owner}.{name} must be {rule}, got {value!r}")
-
-
-def _check_choice(owner: str, name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        _fail(owner, name, f"one of {list(choices)}", value)
-
-
-def _check_bool(owner: str, name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        _fail(owner, name, "a bool", value)
-
-
-def _check_real(owner: str, name: str, value: Any, *, allow_inf: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(owner, name, "a number", value)
-    if math.isnan(value) or (math.isinf(value) and not allow_inf):
-        _fail(owner, name, "finite", value)
-
-
-def _check_int(owner: str, name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        _fail(owner, name, "an int", value)
-    if value < minimum:
-        _fail(owner, name, f">= {minimum}", value)
 
 
 def _check_known_fields(cls, data: Mapping[str, Any]) -> None:
@@ -107,18 +80,14 @@ class CapabilityConfig:
 
     def validate(self) -> None:
         owner = type(self).__name__
-        _check_choice(owner, "metric", self.metric, CAPABILITY_METRICS)
-        _check_int(owner, "window", self.window, 1)
-        _check_real(owner, "floor", self.floor)
-        if self.floor <= 0:
-            _fail(owner, "floor", "> 0", self.floor)
-        _check_real(owner, "ratio_min", self.ratio_min)
-        if self.ratio_min < 0:
-            _fail(owner, "ratio_min", ">= 0", self.ratio_min)
-        _check_real(owner, "ratio_max", self.ratio_max, allow_inf=True)
+        check_choice(f"{owner}.metric", self.metric, CAPABILITY_METRICS)
+        check_int(f"{owner}.window", self.window, 1)
+        check_real(f"{owner}.floor", self.floor, low=0, low_open=True)
+        check_real(f"{owner}.ratio_min", self.ratio_min, low=0)
+        check_real(f"{owner}.ratio_max", self.ratio_max, allow_inf=True)
         if self.ratio_max < self.ratio_min or self.ratio_max <= 0:
-            _fail(owner, "ratio_max", f"> 0 and >= ratio_min ({self.ratio_min})", self.ratio_max)
-        _check_int(owner, "warmup_steps", self.warmup_steps, 0)
+            fail(f"{owner}.ratio_max", f"> 0 and >= ratio_min ({self.ratio_min})", self.ratio_max)
+        check_int(f"{owner}.warmup_steps", self.warmup_steps, 0)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CapabilityConfig":
@@ -161,12 +130,10 @@ class AdvantageConfig:
         owner = type(self).__name__
         for name in ("capability_weighting", "std_normalize", "uniform_reward_guard", "baseline_guard",
                      "require_equal_group_sizes"):
-            _check_bool(owner, name, getattr(self, name))
-        _check_choice(owner, "scope", self.scope, ADVANTAGE_SCOPES)
-        _check_real(owner, "eps", self.eps)
-        if self.eps < 0:
-            _fail(owner, "eps", ">= 0", self.eps)
-        _check_real(owner, "baseline_guard_threshold", self.baseline_guard_threshold)
+            check_bool(f"{owner}.{name}", getattr(self, name))
+        check_choice(f"{owner}.scope", self.scope, ADVANTAGE_SCOPES)
+        check_real(f"{owner}.eps", self.eps, low=0)
+        check_real(f"{owner}.baseline_guard_threshold", self.baseline_guard_threshold)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "AdvantageConfig":
@@ -250,8 +217,14 @@ class PolicyLossConfig:
                              log_ratio_clip=self.log_ratio_clip, log_ratio_clip_mode=self.log_ratio_clip_mode,
                              ratio_level=self.ratio_level, loss_agg=self.loss_agg, kl_coef=self.kl_coef)
         for name in ("stepwise", "cross_clip", "capability_coef"):
-            _check_bool(owner, name, getattr(self, name))
-        _check_choice(owner, "gspo_form", self.gspo_form, GSPO_FORMS)
+            check_bool(f"{owner}.{name}", getattr(self, name))
+        check_choice(f"{owner}.gspo_form", self.gspo_form, GSPO_FORMS)
+
+    @property
+    def uses_kl(self) -> bool:
+        """Whether the loss has the KL term to the reference policy (``kl_coef > 0``), so a reference model is
+        needed."""
+        return self.kl_coef > 0
 
     def cross_lower_bound(self, update_index: int) -> float:
         """Lower clip bound for foreign rows at optimizer update m (eq. 14): min(1, 1 − δ + m·δ_step).
@@ -265,7 +238,7 @@ class PolicyLossConfig:
     @classmethod
     def for_algorithm(cls, name: str, **overrides: Any) -> "PolicyLossConfig":
         """Defaults of one algorithm: GRPO gets the DAPO clip-higher range 0.2 / 0.28 and token ratios."""
-        _check_choice("PolicyLossConfig.for_algorithm", "name", name, ALGORITHMS)
+        check_choice("PolicyLossConfig.for_algorithm.name", name, ALGORITHMS)
         values: dict[str, Any] = {}
         if name == "grpo":
             values.update(eps_low=0.2, eps_high=0.28, ratio_level="token")
@@ -296,13 +269,18 @@ class HACPOConfig:
 
     def validate(self) -> None:
         owner = type(self).__name__
-        _check_choice(owner, "algorithm", self.algorithm, ALGORITHMS)
+        check_choice(f"{owner}.algorithm", self.algorithm, ALGORITHMS)
         for name, cls in (("capability", CapabilityConfig), ("advantage", AdvantageConfig),
                           ("loss", PolicyLossConfig)):
             value = getattr(self, name)
             if not isinstance(value, cls):
-                _fail(owner, name, f"a {cls.__name__}", value)
+                fail(f"{owner}.{name}", f"a {cls.__name__}", value)
             value.validate()
+        if self.trains_on_foreign and self.loss.ratio_level == "token":
+            raise ValueError(
+                f"ratio_level='token' is incompatible with algorithm={self.algorithm!r}: foreign rows carry only the "
+                "source's sequence-mean old log-prob (use ratio_level='sequence', or gspo / grpo)"
+            )
 
     @property
     def loss_name(self) -> str:
@@ -313,6 +291,12 @@ class HACPOConfig:
     def trains_on_foreign(self) -> bool:
         """Whether a learner's batch contains the other agents' rollouts."""
         return self.algorithm in ("hacpo", "naive")
+
+    @property
+    def token_level_ratios(self) -> bool:
+        """Whether the importance ratios are per token: always for ``grpo`` (its loss ignores ``ratio_level``),
+        otherwise when ``loss.ratio_level == "token"`` (gspo only; hacpo / naive refuse it)."""
+        return self.algorithm == "grpo" or self.loss.ratio_level == "token"
 
     @classmethod
     def preset(cls, name: str, **loss_overrides: Any) -> "HACPOConfig":
@@ -327,7 +311,7 @@ class HACPOConfig:
 
         ``loss_overrides`` are applied to the :class:`PolicyLossConfig` (e.g. ``alpha=3.0``).
         """
-        _check_choice("HACPOConfig.preset", "name", name, PRESETS)
+        check_choice("HACPOConfig.preset.name", name, PRESETS)
         algorithm = name.split("-", 1)[0]
         advantage = AdvantageConfig()
         loss_values: dict[str, Any] = {}

@@ -7,7 +7,10 @@
         --algorithm hacpo --n_samples_per_prompt 8 --rollout_batch_size 128 --train_batch_size 512 \\
         --rollout_backend vllm --vllm_num_engines 2 --save_path runs/qwen_pair
 
-Flag names follow OpenRLHF where the meaning is the same. Per-agent settings come from repeatable ``--agent
+Flag names follow OpenRLHF where the meaning is the same. Every flag but ``--agent``, ``--agents_config``,
+``--algorithm`` (a preset, :meth:`~openrlhf_hacpo.algorithms.HACPOConfig.preset`) and ``--debug`` is generated from a
+field of :class:`~openrlhf_hacpo.config.TrainConfig` or of its algorithm sections (:mod:`openrlhf_hacpo.cli.flags`);
+the algorithm flags override the preset's values. Per-agent settings come from repeatable ``--agent
 key=value,...`` strings or an ``--agents_config`` YAML file (a list of agents, or a mapping with an ``agents`` list);
 settings an agent leaves out inherit the run-wide flag of the same meaning. :func:`build_config` turns ``argv`` into
 a validated :class:`~openrlhf_hacpo.config.TrainConfig`; :func:`run` trains and returns the controller.

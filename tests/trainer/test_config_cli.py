@@ -143,3 +143,36 @@ def test_dataclass_validation_names_fields():
         TrainConfig(agents=[AgentConfig("a", "/m")], prompt_data="d", top_p=1.5)
     with pytest.raises(ValueError, match="adam_betas"):
         TrainConfig(agents=[AgentConfig("a", "/m")], prompt_data="d", adam_betas=(0.9, 1.0))
+
+
+def test_token_level_ratios_is_one_fact():
+    def algo(*argv):
+        return build_config(BASE + ["--train_batch_size", "4", *argv]).algo
+
+    assert algo("--algorithm", "grpo").token_level_ratios
+    assert algo("--algorithm", "grpo", "--ratio_level", "sequence").token_level_ratios  # grpo's loss is per token
+    assert algo("--algorithm", "gspo", "--ratio_level", "token").token_level_ratios
+    assert not algo("--algorithm", "gspo").token_level_ratios
+    assert not build_config(BASE).algo.token_level_ratios
+    with pytest.raises(ValueError, match="ratio_level='token' is incompatible with algorithm='naive'"):
+        HACPOConfig.from_dict({"algorithm": "naive", "loss": {"ratio_level": "token"}})
+
+
+def test_uses_kl_follows_kl_coef():
+    assert build_config(BASE).algo.loss.uses_kl  # 0.001 by default
+    assert not build_config(BASE + ["--init_kl_coef", "0"]).algo.loss.uses_kl
+
+
+def test_enum_tuples_come_from_the_rollout_layer():
+    from openrlhf_hacpo import config
+    from openrlhf_hacpo.rollout import trajectory, views
+
+    assert config.MINIBATCH_ORDERS is views.MINIBATCH_ORDERS
+    assert config.EOS_POLICIES is trajectory.EOS_POLICIES
+
+
+@pytest.mark.parametrize("name, value", [("eos_policy", "trim"), ("minibatch_order", "random"), ("device", "tpu"),
+                                         ("rollout_backend", "sglang"), ("wandb_mode", "on"), ("zero_stage", 4)])
+def test_choices_are_checked_by_the_dataclass(name, value):
+    with pytest.raises(ValueError, match=f"^{name} must be one of"):
+        TrainConfig(agents=[AgentConfig("a", "/m")], prompt_data="d", **{name: value})

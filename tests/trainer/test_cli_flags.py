@@ -1,0 +1,137 @@
+"""Flags generated from the config dataclasses: the same flags and the same configs as the hand-written parser they
+replace, and the generator's rules on a small dataclass of its own.
+
+``tests/testdata/train_hacpo_flags.json`` (every flag's option strings, dest, action, default, type, choices, nargs,
+const, required, metavar, help group and exclusive partners) and ``tests/testdata/train_hacpo_configs.json`` (the
+``dataclasses.asdict`` of ``build_config`` and the resume fingerprint for the Table 1 launcher's 15 command lines,
+the tiny main job's command for five algorithms, the 2-GPU smoke test's, and command lines that set every flag) were
+captured with the hand-written parser and ``build_config`` of commit 7009847.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from openrlhf_hacpo.cli.flags import HelpFormatter, add_flags, field_flags, field_values, nest
+from openrlhf_hacpo.cli.train_hacpo import build_config, build_parser
+from openrlhf_hacpo.config import TrainConfig
+from openrlhf_hacpo.trainer.fingerprint import config_fingerprint
+from openrlhf_hacpo.utils.options import option
+
+TESTDATA = Path(__file__).resolve().parents[1] / "testdata"
+FORMER_CONFIGS = json.loads((TESTDATA / "train_hacpo_configs.json").read_text())
+INTENDED_FLAG_CHANGES: dict[str, dict] = {}  # dest -> {key: new value}, each with its reason; none so far
+
+
+def describe_flags(parser: argparse.ArgumentParser) -> list[dict]:
+    """What a command line can say to ``parser``: every flag but ``--help``, as plain values."""
+    groups = {a.dest: g.title for g in parser._action_groups for a in g._group_actions}
+    partners = {a.dest: sorted(x.option_strings[0] for x in m._group_actions)
+                for m in parser._mutually_exclusive_groups for a in m._group_actions}
+    return [{
+        "option_strings": a.option_strings, "dest": a.dest, "action": type(a).__name__,
+        "default": list(a.default) if isinstance(a.default, tuple) else a.default,
+        "type": a.type.__name__ if a.type is not None else None,
+        "choices": list(a.choices) if a.choices is not None else None,
+        "nargs": a.nargs, "const": a.const, "required": a.required, "metavar": a.metavar,
+        "group": groups.get(a.dest), "exclusive_with": partners.get(a.dest),
+    } for a in parser._actions if a.dest != "help"]
+
+
+def test_every_former_flag_is_accepted_unchanged():
+    former = {f["dest"]: f for f in json.loads((TESTDATA / "train_hacpo_flags.json").read_text())}
+    now = {f["dest"]: f for f in describe_flags(build_parser())}
+    assert sorted(now) == sorted(former), "flags added or removed"
+    for dest, flag in former.items():
+        expected = {**flag, **INTENDED_FLAG_CHANGES.get(dest, {})}
+        assert now[dest] == expected, dest
+
+
+@pytest.mark.parametrize("case", sorted(FORMER_CONFIGS))
+def test_command_lines_build_the_former_configs_and_fingerprints(case):
+    former = FORMER_CONFIGS[case]
+    cfg = build_config(former["argv"])
+    assert json.loads(json.dumps(dataclasses.asdict(cfg))) == former["config"]
+    assert json.loads(json.dumps(config_fingerprint(cfg))) == former["fingerprint"]
+
+
+def test_every_run_setting_has_a_flag_with_help():
+    flags = field_flags(TrainConfig)
+    top = {ff.path[0] for ff in flags if len(ff.path) == 1}
+    assert top == {f.name for f in dataclasses.fields(TrainConfig)} - {"agents", "algo"}
+    assert all(ff.meta["help"].strip() and ff.group for ff in flags)
+    assert len({ff.flag for ff in flags}) == len(flags)
+
+
+# ------------------------------------------------------------------------------------------ the generator's rules
+@dataclass
+class Section:
+    rate: float = option(0.5, help="a rate")
+    on: bool = option(True, flag="--no_on", help="switch off")
+
+
+@dataclass
+class Toy:
+    name: str = option("x", group="main", help="a name")
+    size: int | None = option(None, group="main", help="a size")
+    fast: bool = option(False, group="main", help="go fast")
+    kept: bool = option(True, flag="--drop", group="main", help="drop it")
+    eager: bool | None = option(None, group="main", help="eager", false_flag="--lazy", false_help="lazy")
+    timeout: float | None = option(30.0, group="main", zero_is_none=True, help="seconds (0: none)")
+    files: str | None = option(None, group="main", join=",", help="files")
+    pair: tuple[float, float] = option((0.1, 0.2), group="main", help="two numbers")
+    mode: str = option("a", group="main", choices=("a", "b"), help="a mode")
+    hidden: int = 3
+    section: Section = field(default_factory=Section, metadata={"group": "main"})
+
+
+def parse_toy(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    flags = field_flags(Toy)
+    add_flags({"main": parser.add_argument_group("main")}, flags)
+    return nest(field_values(parser.parse_args(argv), flags))
+
+
+def test_defaults_and_unset_preset_section():
+    assert parse_toy([]) == {"name": "x", "size": None, "fast": False, "kept": True, "eager": None,
+                             "timeout": 30.0, "files": None, "pair": (0.1, 0.2), "mode": "a"}
+
+
+def test_each_kind_of_flag_reads_back_to_the_field_value():
+    values = parse_toy(["--name", "y", "--size", "4", "--fast", "--drop", "--lazy", "--timeout", "0",
+                        "--files", "a.jsonl", "b.jsonl", "--pair", "0.9", "0.95", "--mode", "b",
+                        "--rate", "2", "--no_on"])
+    assert values == {"name": "y", "size": 4, "fast": True, "kept": False, "eager": False, "timeout": None,
+                      "files": "a.jsonl,b.jsonl", "pair": (0.9, 0.95), "mode": "b",
+                      "section": {"rate": 2.0, "on": False}}
+    assert parse_toy(["--eager", "--timeout", "5"])["eager"] is True
+    assert parse_toy(["--timeout", "5"])["timeout"] == 5.0
+
+
+@pytest.mark.parametrize("argv", [["--eager", "--lazy"], ["--mode", "c"], ["--size", "x"], ["--hidden", "1"]])
+def test_bad_flags_are_refused(argv):
+    with pytest.raises(SystemExit):
+        parse_toy(argv)
+
+
+def test_a_true_default_switch_needs_its_name():
+    @dataclass
+    class Bad:
+        on: bool = option(True, help="?")
+
+    with pytest.raises(TypeError, match="Bad.on"):
+        field_flags(Bad)
+
+
+def test_help_shows_defaults_only_where_they_say_something(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: False)" not in text and "(default: None)" not in text
+    assert "--top_k TOP_K -1 disables (default: -1)" in text
+    assert "exponential importance-sampling exponent α (eq. 12) [1.0]" in text  # the dataclass default
