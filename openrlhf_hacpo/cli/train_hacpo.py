@@ -123,13 +123,16 @@ _GROUPS = {  # help sections in --help order, with their descriptions
     "reliability and network": None,
 }
 _FLAGS = field_flags(TrainConfig)
-_REFUSED_BECAUSE = {  # option(only_for=...) -> when the algorithm refuses such a flag, and why
-    "hacpo": (lambda algo: algo.algorithm != "hacpo",
-              lambda algo: "it trains each agent on its own rollouts only" if not algo.trains_on_foreign
-              else "naive applies the self clip to every row"),
-    "shared_rollouts": (lambda algo: not algo.trains_on_foreign,
-                        lambda algo: "it trains each agent on its own rollouts only"),
-}
+
+
+def _refusal(algo: HACPOConfig, only_for: str) -> str | None:
+    """Why ``algo`` refuses the flags marked ``option(only_for=...)``, or None when it takes them: every such flag
+    shapes foreign rows, and ``hacpo`` ones also assume the cross clip that naive does not apply."""
+    if not algo.trains_on_foreign:
+        return "it trains each agent on its own rollouts only"
+    if only_for == "hacpo" and algo.algorithm != "hacpo":
+        return f"{algo.algorithm} applies the self clip to every row"
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     sections included) plus the agent, preset and debug flags."""
     parser = argparse.ArgumentParser(
         prog="python -m openrlhf_hacpo.cli.train_hacpo",
+        usage="%(prog)s --agent name=NAME,pretrain=MODEL [--agent ...] --prompt_data FILE [flags below]",
         description="Heterogeneous Agent Collaborative Policy Optimization: N agents with different architectures, "
         "sizes and tokenizers learn one verifiable-reward task together on Ray + DeepSpeed.",
         formatter_class=HelpFormatter,
@@ -160,12 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_algorithm_flags(preset: HACPOConfig, name: str, given: Sequence[FieldFlag]) -> None:
-    """Refuse HACPO-only flags (they shape foreign rows) for algorithms that do not use them."""
-    for only_for, (refused, reason) in _REFUSED_BECAUSE.items():
-        if refused(preset):
-            flags = [ff.flag for ff in given if ff.meta.get("only_for") == only_for]
-            if flags:
-                raise ValueError(f"--algorithm {name} is incompatible with {', '.join(flags)}: {reason(preset)}")
+    """Refuse the algorithm flags given on the command line that ``preset`` has no use for."""
+    refused = [(ff.flag, why) for ff in given if "only_for" in ff.meta
+               for why in [_refusal(preset, ff.meta["only_for"])] if why]
+    if refused:
+        raise ValueError(f"--algorithm {name} is incompatible with {', '.join(f for f, _ in refused)}: "
+                         f"{refused[0][1]}")
 
 
 def build_config(argv: Sequence[str] | None = None) -> TrainConfig:
