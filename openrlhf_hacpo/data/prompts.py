@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from openrlhf_hacpo.rollout.trajectory import Prompt, validate_prompt
+from openrlhf_hacpo.utils.jsonl import read_jsonl
 
 __all__ = ["PromptDataLoader", "PromptRecord", "load_prompt_dataset"]
 
@@ -43,20 +44,6 @@ def _decode(data: bytes, path: Path, first_line: int = 1) -> str:
                          "(prompt files must be UTF-8 encoded)") from None
 
 
-def _read_jsonl(path: Path) -> list[Any]:
-    rows = []
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            line = _decode(raw, path, lineno)
-            if not line.strip():
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: invalid JSON line ({err})") from err
-    return rows
-
-
 def _read_json(path: Path, split: str) -> list[Any]:
     try:
         data = json.loads(_decode(path.read_bytes(), path))
@@ -82,7 +69,7 @@ def _read_parquet(path: Path) -> list[Any]:
 def _read_local(path: Path, split: str) -> list[Any]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        return _read_jsonl(path)
+        return read_jsonl(path)
     if suffix == ".json":
         return _read_json(path, split)
     if suffix == ".parquet":

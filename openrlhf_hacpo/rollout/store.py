@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from openrlhf_hacpo.rollout.trajectory import Trajectory
 from openrlhf_hacpo.utils.atomic import atomic_write_text
+from openrlhf_hacpo.utils.jsonl import iter_jsonl
 
 __all__ = ["RolloutStore"]
 
@@ -155,13 +156,11 @@ class RolloutStore:
     def read_jsonl(path: str | Path) -> list[Trajectory]:
         """Read trajectories written by :meth:`dump_jsonl`."""
         out = []
-        with open(path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        out.append(Trajectory.from_dict(json.loads(line)))
-                    except (ValueError, TypeError) as err:
-                        raise ValueError(f"{path}:{lineno}: not a trajectory record: {err}") from err
+        for lineno, record in iter_jsonl(path):
+            try:
+                out.append(Trajectory.from_dict(record))
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"{path}:{lineno}: not a trajectory record: {err}") from err
         return out
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from openrlhf_hacpo.utils.atomic import atomic_write_text
+from openrlhf_hacpo.utils import jsonl
 
 __all__ = ["MetricsLogger", "read_jsonl", "progress_postfix"]
 
@@ -29,21 +30,9 @@ def _json_safe(value: Any) -> Any:
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Records of a jsonl file (a torn last line from an interrupted write is skipped)."""
-    out = []
-    p = Path(path)
-    if not p.exists():
-        return out
-    with open(p, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return out
+    """Records of a ``metrics.jsonl`` / ``eval.jsonl`` file; a missing file has none, and a torn last line from an
+    interrupted append is skipped (any other bad line is a ``ValueError`` naming the file and line)."""
+    return jsonl.read_jsonl(path, missing_ok=True, skip_torn_tail=True)
 
 
 def progress_postfix(records: Sequence[dict[str, Any]]) -> dict[str, str]:

@@ -1,0 +1,55 @@
+"""JSON-lines files (one JSON value per line): the package's one reader.
+
+Blank lines are skipped. A line that is not UTF-8 or not JSON is a ``ValueError`` naming the file and the line
+(``<path>:<line>: ...``), so a bad record is found without opening the file in an editor. Appended logs (the
+trainer's ``metrics.jsonl``) may end in a torn line when the writer was killed mid-append; ``skip_torn_tail``
+drops that one line: the last line of the file, without its newline, that does not parse.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+__all__ = ["iter_jsonl", "read_jsonl"]
+
+
+def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}:{lineno}: byte 0x{raw[err.start]:02x} at column {err.start + 1} is not valid "
+                         "UTF-8 (jsonl files must be UTF-8 encoded)") from None
+
+
+def iter_jsonl(path: str | os.PathLike, *, skip_torn_tail: bool = False) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` for every non-blank line of ``path`` (line numbers start at 1).
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` ``"<path>:<line>: ..."`` for a line that
+    is not UTF-8 or not JSON (except a torn last line under ``skip_torn_tail``)."""
+    p = Path(path)
+    with open(p, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            torn_tail = skip_torn_tail and not raw.endswith(b"\n")  # only the last line can lack its newline
+            try:
+                line = _decode_line(raw, p, lineno)
+                if not line.strip():
+                    continue
+                try:
+                    value = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{p}:{lineno}: invalid JSON line ({err})") from err
+            except ValueError:
+                if torn_tail:
+                    return
+                raise
+            yield lineno, value
+
+
+def read_jsonl(path: str | os.PathLike, *, missing_ok: bool = False, skip_torn_tail: bool = False) -> list[Any]:
+    """Every value of a jsonl file, in order (see :func:`iter_jsonl`); ``missing_ok`` reads a missing file as
+    empty."""
+    if missing_ok and not Path(path).exists():
+        return []
+    return [value for _, value in iter_jsonl(path, skip_torn_tail=skip_torn_tail)]
