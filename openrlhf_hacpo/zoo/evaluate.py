@@ -1,4 +1,5 @@
-"""Accuracy of one Hugging Face model + tokenizer on arithmetic problems (batched ``generate``, left padding).
+"""Accuracy of one Hugging Face model + tokenizer on arithmetic problems (the rollout engine's batched
+``generate``, left padding).
 
 Greedy accuracy is the headline number. With ``num_samples = n > 0`` each problem is also sampled ``n`` times at
 ``temperature`` (no top-k / top-p), giving the mean sample accuracy and the unbiased pass@k estimate
@@ -12,10 +13,10 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 
-import torch
-from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openrlhf_hacpo.data.arithmetic import Problem, arithmetic_reward
+from openrlhf_hacpo.engines import HFGenerateEngine, SamplingConfig
 from openrlhf_hacpo.reproduce.metrics import pass_at_k
 
 __all__ = ["EvalResult", "generate_responses", "evaluate_accuracy", "pass_at_k"]
@@ -41,7 +42,6 @@ class EvalResult:
         return out
 
 
-@torch.no_grad()
 def generate_responses(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -52,42 +52,26 @@ def generate_responses(
     num_return_sequences: int = 1,
     max_new_tokens: int = 40,
     batch_size: int = 256,
+    seed: int | None = None,
 ) -> list[list[str]]:
-    """Responses per problem (``num_return_sequences`` each) to the chat-template-rendered prompts."""
+    """Responses per problem (``num_return_sequences`` each) to the chat-template-rendered prompts.
+
+    Generation is the rollout engine's (:class:`~openrlhf_hacpo.engines.HFGenerateEngine`: left padding, cut after
+    the first EOS, special tokens removed from the text), ``batch_size`` rows per ``generate`` call. Greedy unless
+    ``do_sample``; sampling is at ``temperature`` with no top-k / top-p, from ``torch.manual_seed(seed)`` under a
+    forked RNG when ``seed`` is given, else from the caller's random state."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    gen_cfg = GenerationConfig(
-        do_sample=do_sample,
-        temperature=temperature if do_sample else None,
-        top_k=0 if do_sample else None,
-        top_p=1.0 if do_sample else None,
-        num_return_sequences=num_return_sequences,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    was_training, padding_side = model.training, tokenizer.padding_side
-    model.eval()
-    tokenizer.padding_side = "left"
-    device = next(model.parameters()).device
-    out: list[list[str]] = []
-    try:
-        for start in range(0, len(problems), batch_size):
-            chunk = problems[start : start + batch_size]
-            prompts = tokenizer.apply_chat_template(
-                [p.messages for p in chunk], add_generation_prompt=True, tokenize=False
-            )
-            enc = tokenizer(prompts, add_special_tokens=False, padding=True, return_tensors="pt").to(device)
-            seqs = model.generate(**enc, generation_config=gen_cfg)
-            texts = tokenizer.batch_decode(seqs[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-            out.extend(
-                texts[i * num_return_sequences : (i + 1) * num_return_sequences] for i in range(len(chunk))
-            )
-    finally:
-        tokenizer.padding_side = padding_side
-        model.train(was_training)
-    return out
+    if not problems:
+        return []
+    sampling = SamplingConfig(n=num_return_sequences, greedy=not do_sample, temperature=temperature, top_p=1.0,
+                              top_k=-1, max_new_tokens=max_new_tokens, seed=seed)
+    prompts = tokenizer.apply_chat_template([p.messages for p in problems], add_generation_prompt=True,
+                                            tokenize=False)
+    prompt_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
+    outputs = HFGenerateEngine(model, tokenizer, max_batch_size=batch_size).generate(prompt_ids, sampling)
+    n = num_return_sequences
+    return [[o.response_text for o in outputs[i * n : (i + 1) * n]] for i in range(len(problems))]
 
 
 def evaluate_accuracy(
@@ -120,18 +104,9 @@ def evaluate_accuracy(
         responses=greedy,
     )
     if num_samples:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            sampled = generate_responses(
-                model,
-                tokenizer,
-                problems,
-                do_sample=True,
-                temperature=temperature,
-                num_return_sequences=num_samples,
-                max_new_tokens=max_new_tokens,
-                batch_size=max(1, batch_size // num_samples),
-            )
+        sampled = generate_responses(model, tokenizer, problems, do_sample=True, temperature=temperature,
+                                     num_return_sequences=num_samples, max_new_tokens=max_new_tokens,
+                                     batch_size=batch_size, seed=seed)
         n_correct = [sum(arithmetic_reward(r, p.label) for r in rs) for rs, p in zip(sampled, problems)]
         result.sample_accuracy = sum(n_correct) / (num_samples * len(problems))
         result.pass_at_k = {

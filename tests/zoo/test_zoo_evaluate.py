@@ -1,6 +1,9 @@
-"""Evaluation: batched left-padded greedy equals one-by-one greedy; accuracy / per-level / pass@k bookkeeping
-against a scripted model and brute-force pass@k."""
+"""Evaluation: batched left-padded greedy equals one-by-one greedy and the responses recorded from the generate loop
+the zoo had before it used the rollout engine; accuracy / per-level / pass@k bookkeeping against a scripted model
+and brute-force pass@k."""
 import itertools
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,28 +15,29 @@ from openrlhf_hacpo.zoo.tokenizers import build_char_tokenizer
 
 
 class ScriptedModel(torch.nn.Module):
-    """Answers each prompt from a script: ``script[question] = list of responses`` (one per returned sequence).
-    Checks that prompts arrive left-padded."""
+    """Answers each prompt from a script: ``script[question] = list of responses``; the k-th row of a question
+    in one ``generate`` call gets its k-th response. Checks that prompts arrive left-padded."""
 
     def __init__(self, tokenizer, script):
         super().__init__()
         self.tok, self.script = tokenizer, script
-        self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.embed = torch.nn.Embedding(len(tokenizer), 1)
 
-    def generate(self, input_ids, attention_mask, generation_config):
+    def get_input_embeddings(self):
+        return self.embed
+
+    def generate(self, input_ids, attention_mask, generation_config, logits_processor=None):
         assert (attention_mask[:, -1] == 1).all(), "prompts must be left-padded"
-        n = generation_config.num_return_sequences
-        rows = []
+        rows, seen = [], {}
         for ids in input_ids:
             question = self.tok.decode(ids, skip_special_tokens=True).split("\n")[0]
-            replies = self.script[question]
-            assert len(replies) == n
-            rows += [self.tok.encode(r, add_special_tokens=False) + [self.tok.eos_token_id] for r in replies]
+            k = seen[question] = seen.get(question, -1) + 1
+            rows.append(self.tok.encode(self.script[question][k], add_special_tokens=False) + [self.tok.eos_token_id])
         width = max(map(len, rows))
         new = torch.full((len(rows), width), self.tok.pad_token_id)
         for i, r in enumerate(rows):
             new[i, : len(r)] = torch.tensor(r)
-        return torch.cat([input_ids.repeat_interleave(n, 0), new], dim=1)
+        return torch.cat([input_ids, new], dim=1)
 
 
 def test_accuracy_and_per_level_from_scripted_answers():
@@ -68,12 +72,12 @@ def test_pass_at_k_matches_brute_force():
     greedy_script = {q: r[:1] for q, r in script.items()}
 
     class TwoPhase(ScriptedModel):
-        def generate(self, input_ids, attention_mask, generation_config):
+        def generate(self, input_ids, attention_mask, generation_config, logits_processor=None):
             self.script = script if generation_config.do_sample else greedy_script
-            assert not generation_config.do_sample or generation_config.top_k == 0
+            assert not generation_config.do_sample or (generation_config.top_k == 0 and generation_config.top_p == 1)
             return super().generate(input_ids, attention_mask, generation_config)
 
-    result = evaluate_accuracy(TwoPhase(tok, script), tok, problems, num_samples=5)
+    result = evaluate_accuracy(TwoPhase(tok, script), tok, problems, num_samples=5, batch_size=20)
     assert result.sample_accuracy == pytest.approx(sum(correct_counts) / 20)
     for k in range(1, 6):
         assert result.pass_at_k[k] == pytest.approx(sum(_brute_pass_at_k(f, k) for f in flags) / 4)
@@ -90,6 +94,20 @@ def test_batched_left_padding_equals_one_by_one(tiny_zoo):
         batched = generate_responses(model, tok, problems, max_new_tokens=12)
         single = [generate_responses(model, tok, [p], max_new_tokens=12)[0] for p in problems]
         assert batched == single
+
+
+def test_greedy_responses_match_the_recorded_generate_loop(tiny_zoo):
+    """Greedy text of both tiny agents equals what the zoo's own batched ``generate`` loop produced (recorded in
+    ``greedy_responses.json`` before that loop was replaced by the rollout engine), with more problems than one
+    batch holds."""
+    _, paths = tiny_zoo
+    recorded = json.loads((Path(__file__).parent / "greedy_responses.json").read_text())
+    problems = [Problem(level, tuple(operands)) for level, operands in recorded["problems"]]
+    assert problems == sample_problems([1, 2, 3, 4], 10, seed=11)
+    for name, responses in recorded["responses"].items():
+        model, tok = load_agent(paths[name])
+        got = generate_responses(model, tok, problems, max_new_tokens=recorded["max_new_tokens"], batch_size=4)
+        assert [r[0] for r in got] == responses, name
 
 
 def test_empty_problem_list_rejected():
