@@ -54,10 +54,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from openrlhf_hacpo.cli.tiny import agent_step_stats, default_runs_dir, load_summary
-from openrlhf_hacpo.trainer.metrics import read_jsonl
 from openrlhf_hacpo.utils.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
 from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS, build_zoo, get_preset
+from openrlhf_hacpo.zoo.job import default_runs_dir
+from openrlhf_hacpo.zoo.reports import (
+    agent_step_stats,
+    aggregate_arm,
+    fmt,
+    fmt_pm,
+    load_summary,
+    paired_differences,
+    read_records,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -213,81 +221,7 @@ def run_all(jobs: Sequence[tuple[Arm, int]], preset, steps: int, root: Path, lan
     return failures
 
 
-# ---------------------------------------------------------------------------------------------------------- statistics
-def mean_std(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """Mean and sample standard deviation (``None`` for fewer than two values)."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return None, None
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else None)
-
-
-def _fmean(values: Sequence[Any]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.fmean(values) if values else None
-
-
-def aggregate_arm(summaries: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
-    """Per agent: final accuracy per seed and mean ± std, before/after, rollouts, throughput, phases, foreign stats,
-    and the mean validation curve; run-wide: seeds and wall seconds."""
-    seeds = sorted(summaries)
-    first = summaries[seeds[0]]
-    agents = {}
-    for name in first["agents"]:
-        per_seed = {s: summaries[s]["agents"][name] for s in seeds}
-        finals = {s: a["acc_final"] for s, a in per_seed.items()}
-        mean, std = mean_std(list(finals.values()))
-        entries = list(per_seed.values())
-        seconds = {k: _fmean([a["seconds"][k] for a in entries if a.get("seconds")])
-                   for k in (entries[0].get("seconds") or {})}
-        foreign = None
-        if entries[0].get("foreign"):
-            keys = dict.fromkeys(k for a in entries if a.get("foreign") for k in a["foreign"])
-            foreign = {k: _fmean([a["foreign"].get(k) for a in entries if a.get("foreign")]) for k in keys}
-        steps = sorted({s for a in entries for s, _ in a["validation"]})
-        curve = []
-        for st in steps:
-            vals = [v for a in entries for s, v in a["validation"] if s == st]
-            m, sd = mean_std(vals)
-            curve.append([st, m, sd if sd is not None else 0.0])
-        agents[name] = {
-            "final_by_seed": {str(s): v for s, v in finals.items()},
-            "final_mean": mean,
-            "final_std": std,
-            "acc_before": _fmean([a["acc_before"] for a in entries]),
-            "acc_after_mean": _fmean([a["acc_after"] for a in entries]),
-            "rollouts_generated": _fmean([a["rollouts_generated"] for a in entries]),
-            "rows_trained": _fmean([a["rows_trained"] for a in entries]),
-            "tokens_per_s": _fmean([a.get("tokens_per_s") for a in entries]),
-            "samples_trained_per_s": _fmean([a.get("samples_trained_per_s") for a in entries]),
-            "seconds": seconds,
-            "foreign": foreign,
-            "curve": curve,
-            "rollouts_per_step": _fmean([a["rollouts_generated"] / max(a["steps"], 1) for a in entries]),
-        }
-    return {
-        "seeds": seeds,
-        "wall_seconds": _fmean([summaries[s]["run"]["wall_seconds"] for s in seeds]),
-        "train_seconds": _fmean([summaries[s]["run"]["train_seconds"] for s in seeds]),
-        "agents": agents,
-    }
-
-
-def paired_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    """Per agent: final accuracy of arm ``a`` minus arm ``b`` for every seed both have, their mean ± std."""
-    out = {}
-    for name, entry in a["agents"].items():
-        other = b["agents"].get(name)
-        if other is None:
-            continue
-        common = sorted(set(entry["final_by_seed"]) & set(other["final_by_seed"]), key=int)
-        diffs = [entry["final_by_seed"][s] - other["final_by_seed"][s] for s in common]
-        mean, std = mean_std(diffs)
-        out[name] = {"seeds": [int(s) for s in common], "diffs": diffs, "mean": mean, "std": std,
-                     "positive": sum(d > 0 for d in diffs)}
-    return out
-
-
+# ---------------------------------------------------------------------------------------------------------- goals
 GOAL_SUBJECTS = ("hacpo", "pessimistic")
 """Arms judged against the goals: HACPO as specified, and the best measured extension (pessimistic foreign rule)."""
 
@@ -339,7 +273,6 @@ def foreign_ratio_probe(folders: Mapping[str, Path], prompts: Sequence[Any], gro
     re-renders the prompt with its chat template and re-tokenizes the response text; EOS is not scored; the source
     side re-tokenizes its own text too). Returns ``{"<learner> <- <source>": stats}`` with :func:`ratio_quantiles`
     over all samples, and the median over correct and wrong samples."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from openrlhf_hacpo.data import arithmetic_reward
@@ -354,10 +287,8 @@ def foreign_ratio_probe(folders: Mapping[str, Path], prompts: Sequence[Any], gro
         agents[name] = (model, tokenizer)
     samples = {}
     for name, (model, tokenizer) in agents.items():
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            texts = generate_responses(model, tokenizer, prompts, do_sample=True, num_return_sequences=group_size,
-                                       max_new_tokens=max_new_tokens)
+        texts = generate_responses(model, tokenizer, prompts, do_sample=True, num_return_sequences=group_size,
+                                   max_new_tokens=max_new_tokens, seed=seed)
         rows = [(p, t) for p, ts in zip(prompts, texts) for t in ts]
         rows = [(p, t) for p, t in rows if encode_response(t, tokenizer)]
         own = _mean_logprobs(model, [render_prompt_ids(p.messages, tokenizer, view) for p, _ in rows],
@@ -411,18 +342,6 @@ def ratio_probes(root: Path, preset, found: Mapping[str, Mapping[int, Any]], num
 
 
 # ---------------------------------------------------------------------------------------------------------- report
-def _f(value: float | None, digits: int = 3, signed: bool = False) -> str:
-    if value is None:
-        return "–"
-    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
-
-
-def _pm(mean: float | None, std: float | None, signed: bool = False) -> str:
-    if mean is None:
-        return "–"
-    return _f(mean, signed=signed) + (f" ± {std:.3f}" if std is not None else "")
-
-
 def render_markdown(report: Mapping[str, Any]) -> str:
     res = report["arms"]
     meta = report["meta"]
@@ -449,8 +368,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         first = r["agents"][agents[0]]
         lines.append(
             f"| {ARMS[name].label} | {len(r['seeds'])} | "
-            + " | ".join(_pm(r["agents"][a]["final_mean"], r["agents"][a]["final_std"]) for a in agents)
-            + f" | {first['rollouts_generated']:,.0f} | {first['rows_trained']:,.0f} | {_f(r['wall_seconds'], 0)} |")
+            + " | ".join(fmt_pm(r["agents"][a]["final_mean"], r["agents"][a]["final_std"]) for a in agents)
+            + f" | {first['rollouts_generated']:,.0f} | {first['rows_trained']:,.0f} | {fmt(r['wall_seconds'], 0)} |")
     before = {a: next(iter(res.values()))["agents"][a]["acc_before"] for a in agents} if res else {}
     lines += ["", "Before training: " + ", ".join(f"{a} {before[a]:.3f}" for a in agents) + "."]
 
@@ -466,14 +385,14 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         for a in agents:
             d = pairs.get(a)
             cells.append("–" if d is None or d["mean"] is None else
-                         f"{_pm(d['mean'], d['std'], signed=True)} ({d['positive']}/{len(d['diffs'])} seeds > 0)")
+                         f"{fmt_pm(d['mean'], d['std'], signed=True)} ({d['positive']}/{len(d['diffs'])} seeds > 0)")
         lines.append(f"| {ARMS[name].label} − {ARMS[ref].label} | " + " | ".join(cells) + " |")
 
     if report["goals"]:
         lines += ["", "## Goals of the defaults", "", "| agent | goal | paired mean difference | seeds > 0 | met |",
                   "|---|---|---|---|---|"]
         for g in report["goals"]:
-            lines.append(f"| {g['agent']} | {g['goal']} | {_pm(g['paired_mean'], g['paired_std'], signed=True)} | "
+            lines.append(f"| {g['agent']} | {g['goal']} | {fmt_pm(g['paired_mean'], g['paired_std'], signed=True)} | "
                          f"{g['positive_seeds']}/{g['seeds']} | {g['met']} |")
 
     lines += ["", "## Foreign rollouts (trainer metrics, mean over steps and seeds)", "",
@@ -490,9 +409,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             if not f:
                 continue
             any_median |= f.get("ratio_median") is not None
-            lines.append(f"| {ARMS[name].label} | {a} | {_f(f['in_window_frac'])} | {_f(f['below_window_frac'])} | "
-                         f"{_f(f['above_window_frac'])} | {_f(f['ratio_mean'])} | {_f(f.get('ratio_median'))} | "
-                         + (" / ".join(_f(f.get(k)) for k in ("pos_in_window_frac", "pos_below_window_frac",
+            lines.append(f"| {ARMS[name].label} | {a} | {fmt(f['in_window_frac'])} | {fmt(f['below_window_frac'])} | "
+                         f"{fmt(f['above_window_frac'])} | {fmt(f['ratio_mean'])} | {fmt(f.get('ratio_median'))} | "
+                         + (" / ".join(fmt(f.get(k)) for k in ("pos_in_window_frac", "pos_below_window_frac",
                                                               "pos_above_window_frac"))
                             if f.get("pos_in_window_frac") is not None else "–") + " |")
     if "naive" in res:
@@ -511,9 +430,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                   "median s (wrong) | source sample acc. |", "|---|---|---|---|---|---|---|---|---|"]
         for label, pairs in report["ratio_probe"].items():
             for pair, st in pairs.items():
-                lines.append(f"| {label} | {pair} | {_f(st['in_window'])} | {_f(st['below'])} | {_f(st['above'])} | "
-                             f"{_f(st['median'])} | {_f(st['median_correct'])} | {_f(st['median_wrong'])} | "
-                             f"{_f(st['source_accuracy'])} |")
+                lines.append(f"| {label} | {pair} | {fmt(st['in_window'])} | {fmt(st['below'])} | {fmt(st['above'])} | "
+                             f"{fmt(st['median'])} | {fmt(st['median_correct'])} | {fmt(st['median_wrong'])} | "
+                             f"{fmt(st['source_accuracy'])} |")
 
     lines += ["", "## Throughput (mean seconds per step; the agents of a run work concurrently)", "",
               "| arm | agent | step s | generate s | log-prob s | update s | samples trained / s | tokens generated / s |",
@@ -524,9 +443,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         for a in agents:
             e = res[name]["agents"][a]
             s = e["seconds"]
-            lines.append(f"| {ARMS[name].label} | {a} | {_f(s.get('step'), 2)} | {_f(s.get('generate'), 2)} | "
-                         f"{_f(s.get('logprob'), 2)} | {_f(s.get('update'), 2)} | {_f(e['samples_trained_per_s'], 0)} | "
-                         f"{_f(e['tokens_per_s'], 0)} |")
+            lines.append(f"| {ARMS[name].label} | {a} | {fmt(s.get('step'), 2)} | {fmt(s.get('generate'), 2)} | "
+                         f"{fmt(s.get('logprob'), 2)} | {fmt(s.get('update'), 2)} | {fmt(e['samples_trained_per_s'], 0)} | "
+                         f"{fmt(e['tokens_per_s'], 0)} |")
     if "hacpo" in res and "gspo" in res:
         h, g = res["hacpo"], res["gspo"]
         step_ratio = h["agents"][agents[0]]["seconds"]["step"] / g["agents"][agents[0]]["seconds"]["step"]
@@ -590,12 +509,12 @@ def collect(root: Path, preset, steps: int) -> dict[str, dict[int, Any]]:
 
 def _with_current_foreign_stats(summary: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """The summary with each agent's foreign-ratio statistics recomputed from the run's ``metrics.jsonl`` by the
-    current :func:`~openrlhf_hacpo.cli.tiny.agent_step_stats`, so runs summarised before a statistic was added
+    current :func:`~openrlhf_hacpo.zoo.reports.agent_step_stats`, so runs summarised before a statistic was added
     report it too when the trainer logged it."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
         return summary
-    records = read_jsonl(path)
+    records = read_records(path)
     for name, entry in summary["agents"].items():
         mine = [r for r in records if r.get("agent") == name]
         if mine and entry.get("foreign"):

@@ -1,4 +1,5 @@
-"""The tiny main job (``python -m openrlhf_hacpo.cli.tiny run``) and the comparison's statistics.
+"""The tiny main job (``python -m openrlhf_hacpo.cli.tiny run``: openrlhf_hacpo/zoo/job.py and zoo/reports.py) and
+the comparison's statistics.
 
 Fast tests check the summary, table and plot helpers and the generated trainer command on synthetic inputs with
 hand-computed expectations; the slow test runs the whole main job (zoo build, evaluation, Ray + DeepSpeed training
@@ -15,14 +16,17 @@ from pathlib import Path
 import pytest
 
 from openrlhf_hacpo.cli import tiny
-from openrlhf_hacpo.cli.tiny import (
-    MainJobConfig,
+from openrlhf_hacpo.utils.jsonl import read_jsonl
+from openrlhf_hacpo.zoo import job
+from openrlhf_hacpo.zoo.job import MainJobConfig, trainer_argv
+from openrlhf_hacpo.zoo.reports import (
     agent_step_stats,
     build_summary,
     final_accuracy,
     format_table,
+    mean_std,
+    paired_differences,
     plot_validation,
-    trainer_argv,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,20 +159,20 @@ def test_output_folder_of_another_program_is_refused(tmp_path):
     other.mkdir()
     (other / "keep.txt").write_text("x")
     with pytest.raises(ValueError, match="no tiny run wrote"):
-        tiny._prepare_output(other)
+        job.prepare_output(other)
     assert (other / "keep.txt").read_text() == "x"
 
 
 def test_comparison_statistics():
     compare = _compare_module()
-    mean, std = compare.mean_std([0.5, 0.7, 0.6])
+    mean, std = mean_std([0.5, 0.7, 0.6])
     assert mean == pytest.approx(0.6) and std == pytest.approx(0.1)     # sample std
-    assert compare.mean_std([0.4]) == (0.4, None)
+    assert mean_std([0.4]) == (0.4, None)
 
     def arm(finals):
         return {"agents": {"a": {"final_by_seed": {str(s): v for s, v in finals.items()}}}}
 
-    d = compare.paired_differences(arm({0: 0.6, 1: 0.5, 2: 0.9}), arm({0: 0.4, 1: 0.55, 3: 0.1}))["a"]
+    d = paired_differences(arm({0: 0.6, 1: 0.5, 2: 0.9}), arm({0: 0.4, 1: 0.55, 3: 0.1}))["a"]
     assert d["seeds"] == [0, 1]
     assert d["diffs"] == pytest.approx([0.2, -0.05])
     assert d["mean"] == pytest.approx(0.075) and d["positive"] == 1
@@ -224,7 +228,7 @@ def test_main_job_end_to_end(tmp_path):
     preset = Preset("e2e", "model", "two barely trained agents", (quick("llamaS"), quick("qwenM")), rl)
     cfg = MainJobConfig(preset=preset, seed=1, output=tmp_path / "run", cache_dir=tmp_path / "zoo",
                         data_dir=tmp_path / "data", build_jobs=1, progress=False)
-    returned = tiny.run_main_job(cfg)
+    returned = job.run_main_job(cfg)
 
     run_dir = tmp_path / "run"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -234,7 +238,7 @@ def test_main_job_end_to_end(tmp_path):
     assert run["wall_seconds"] > run["train_seconds"] > 0
     assert run["rollouts_total"] == 2 * 2 * 4 * 2
     assert set(summary["agents"]) == {"llamaS", "qwenM"}
-    evals = [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+    evals = read_jsonl(run_dir / "eval.jsonl")
     for name, agent in summary["agents"].items():
         for key in ("acc_before", "acc_after", "acc_final"):
             assert isinstance(agent[key], float) and 0.0 <= agent[key] <= 1.0
