@@ -29,7 +29,7 @@ fi
 read -r AGENT_PATH TRAIN EVAL < <("$PY" - "$AGENT" <<'PY'
 import sys
 
-from openrlhf_hacpo.cli.tiny import export_task_data
+from openrlhf_hacpo.zoo.job import export_task_data
 from openrlhf_hacpo.zoo import build_zoo, get_preset
 from openrlhf_hacpo.zoo.presets import resolve_agents
 

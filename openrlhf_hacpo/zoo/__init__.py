@@ -5,6 +5,10 @@
     model, tokenizer = load_agent(paths["qwenM"])
 
 Command line: ``python -m openrlhf_hacpo.zoo build --preset model`` (see ``--help``).
+
+The main job that trains a preset's agents together (``python -m openrlhf_hacpo.cli.tiny run``) is
+:mod:`openrlhf_hacpo.zoo.job`; its summary, table, plot and statistics over seeds are :mod:`openrlhf_hacpo.zoo.reports`
+(imported on their own, not from this package).
 """
 from openrlhf_hacpo.zoo.cache import (
     agent_dir,

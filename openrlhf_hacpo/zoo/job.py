@@ -35,11 +35,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from openrlhf_hacpo.algorithms import PRESETS as ALGORITHMS
 from openrlhf_hacpo.algorithms import HACPOConfig
-from openrlhf_hacpo.data import TaskConfig, export_jsonl, make_splits
+from openrlhf_hacpo.data import Problem, TaskConfig, export_jsonl, make_splits
 from openrlhf_hacpo.utils.atomic import atomic_write_json, atomic_write_text
 from openrlhf_hacpo.zoo.cache import build_zoo, default_cache_dir
 from openrlhf_hacpo.zoo.evaluate import evaluate_accuracy
-from openrlhf_hacpo.zoo.presets import Preset, get_preset
+from openrlhf_hacpo.zoo.presets import Preset, RLHyperparams, get_preset
 from openrlhf_hacpo.zoo.reports import (
     PLOT_FILE,
     SUMMARY_FILE,
@@ -117,7 +117,7 @@ class MainJobConfig:
     * ``progress``: the trainer's progress bar.
     """
 
-    preset: Any = "model"
+    preset: str | Preset = "model"
     algorithm: str = "hacpo"
     n_samples_per_prompt: int | None = None
     steps: int | None = None
@@ -187,7 +187,7 @@ class MainJobConfig:
 
 
 # ---------------------------------------------------------------------------------------------------------- data
-def task_config(rl) -> TaskConfig:
+def task_config(rl: RLHyperparams) -> TaskConfig:
     """The arithmetic task of a preset's RL settings: the default task with ``rl.prompt_levels`` as training levels
     and an evaluation split of at least ``rl.eval_size`` problems."""
     base = TaskConfig()
@@ -199,12 +199,12 @@ def task_config(rl) -> TaskConfig:
     return dataclasses.replace(base, **changes) if changes else base
 
 
-def _default_data_dir(task, cache_dir: Path | None) -> Path:
+def _default_data_dir(task: TaskConfig, cache_dir: Path | None) -> Path:
     digest = hashlib.sha256(json.dumps(dataclasses.asdict(task), sort_keys=True).encode()).hexdigest()[:12]
     return Path(cache_dir or default_cache_dir()).parent / "tiny_data" / digest
 
 
-def export_task_data(rl, data_dir: Path | None = None, cache_dir: Path | None = None) -> dict[str, Path]:
+def export_task_data(rl: RLHyperparams, data_dir: Path | None = None, cache_dir: Path | None = None) -> dict[str, Path]:
     """Write the RL prompts (``train.jsonl``) and the evaluation prompts (``eval.jsonl``: the first
     ``rl.eval_size`` problems of ``rl.eval_split``) in the trainer's prompt format; returns both paths.
 
@@ -267,7 +267,7 @@ def trainer_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------------------- evaluation
-def evaluate_folders(folders: Mapping[str, Path], problems: Sequence[Any], max_new_tokens: int = 40
+def evaluate_folders(folders: Mapping[str, Path], problems: Sequence[Problem], max_new_tokens: int = 40
                      ) -> dict[str, float]:
     """Greedy accuracy of each Hugging Face model folder on ``problems`` (every agent alone)."""
     out = {}
@@ -280,6 +280,7 @@ def evaluate_folders(folders: Mapping[str, Path], problems: Sequence[Any], max_n
     return out
 
 
+# ---------------------------------------------------------------------------------------------------------- main job
 def prepare_output(output: Path) -> None:
     """A fresh run folder: a folder of an earlier main job is cleared, any other non-empty folder is refused."""
     if output.exists():
