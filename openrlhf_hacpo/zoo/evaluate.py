@@ -57,7 +57,8 @@ def generate_responses(
     """Responses per problem (``num_return_sequences`` each) to the chat-template-rendered prompts.
 
     Generation is the rollout engine's (:class:`~openrlhf_hacpo.engines.HFGenerateEngine`: left padding, cut after
-    the first EOS, special tokens removed from the text), ``batch_size`` rows per ``generate`` call. Greedy unless
+    the first EOS, special tokens removed from the text), ``batch_size`` problems (``batch_size *
+    num_return_sequences`` rows) per ``generate`` call. Greedy unless
     ``do_sample``; sampling is at ``temperature`` with no top-k / top-p, from ``torch.manual_seed(seed)`` under a
     forked RNG when ``seed`` is given, else from the caller's random state."""
     if batch_size < 1:
@@ -69,8 +70,8 @@ def generate_responses(
     prompts = tokenizer.apply_chat_template([p.messages for p in problems], add_generation_prompt=True,
                                             tokenize=False)
     prompt_ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
-    outputs = HFGenerateEngine(model, tokenizer, max_batch_size=batch_size).generate(prompt_ids, sampling)
     n = num_return_sequences
+    outputs = HFGenerateEngine(model, tokenizer, max_batch_size=batch_size * n).generate(prompt_ids, sampling)
     return [[o.response_text for o in outputs[i * n : (i + 1) * n]] for i in range(len(problems))]
 
 
@@ -106,7 +107,7 @@ def evaluate_accuracy(
     if num_samples:
         sampled = generate_responses(model, tokenizer, problems, do_sample=True, temperature=temperature,
                                      num_return_sequences=num_samples, max_new_tokens=max_new_tokens,
-                                     batch_size=batch_size, seed=seed)
+                                     batch_size=max(1, batch_size // num_samples), seed=seed)
         n_correct = [sum(arithmetic_reward(r, p.label) for r in rs) for rs, p in zip(sampled, problems)]
         result.sample_accuracy = sum(n_correct) / (num_samples * len(problems))
         result.pass_at_k = {

@@ -96,18 +96,22 @@ def test_batched_left_padding_equals_one_by_one(tiny_zoo):
         assert batched == single
 
 
-def test_greedy_responses_match_the_recorded_generate_loop(tiny_zoo):
-    """Greedy text of both tiny agents equals what the zoo's own batched ``generate`` loop produced (recorded in
-    ``greedy_responses.json`` before that loop was replaced by the rollout engine), with more problems than one
-    batch holds."""
+def test_responses_match_the_recorded_generate_loop(tiny_zoo):
+    """Greedy and seeded sampled texts of both tiny agents equal what the zoo's own batched ``generate`` loop
+    produced (recorded in ``recorded_responses.json`` before that loop was replaced by the rollout engine), with
+    more problems than one batch holds."""
     _, paths = tiny_zoo
-    recorded = json.loads((Path(__file__).parent / "greedy_responses.json").read_text())
+    recorded = json.loads((Path(__file__).parent / "recorded_responses.json").read_text(encoding="utf-8"))
     problems = [Problem(level, tuple(operands)) for level, operands in recorded["problems"]]
     assert problems == sample_problems([1, 2, 3, 4], 10, seed=11)
     for name, responses in recorded["responses"].items():
         model, tok = load_agent(paths[name])
         got = generate_responses(model, tok, problems, max_new_tokens=recorded["max_new_tokens"], batch_size=4)
         assert [r[0] for r in got] == responses, name
+        sampled = generate_responses(model, tok, problems, do_sample=True, max_new_tokens=recorded["max_new_tokens"],
+                                     num_return_sequences=recorded["samples_per_problem"], batch_size=4,
+                                     seed=recorded["sample_seed"])
+        assert sampled == recorded["sampled"][name], name
 
 
 def test_empty_problem_list_rejected():
