@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from openrlhf_hacpo.utils.atomic import atomic_write_text
 from openrlhf_hacpo.utils import jsonl
+from openrlhf_hacpo.utils.atomic import atomic_write_text
 
 __all__ = ["MetricsLogger", "read_jsonl", "progress_postfix"]
 

@@ -1,7 +1,8 @@
 """Reports of the tiny main job: a run's ``summary.json`` from the trainer's records, its before/after table and
 validation plot, and the statistics over seeds that ``benchmarks/compare_tiny.py`` aggregates runs with.
 
-All functions are pure functions of the records they are given (the plot and :func:`load_summary` touch one file).
+All functions are pure functions of the records they are given, except the three that touch one file each:
+:func:`read_records`, :func:`load_summary` and :func:`plot_validation` (an atomic write).
 
 * per run: :func:`agent_step_stats` (totals and per-step means of one agent's ``metrics.jsonl`` records),
   :func:`final_accuracy` (mean of the last :data:`FINAL_EVALS` periodic evaluations), :func:`build_summary`,
