@@ -7,14 +7,21 @@ import math
 import pytest
 
 from openrlhf_hacpo.zoo.reports import (
+    agent_step_stats,
     aggregate_arm,
     build_summary,
+    final_accuracy,
     fmt,
     fmt_pm,
     format_table,
     load_summary,
+    mean_std,
+    paired_differences,
+    plot_validation,
     read_records,
 )
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 METRICS = """\
 {"step": 1, "agent": "a", "view/num_own_rows": 4, "view/num_rows": 8, "response/tokens_mean": 10, "time/generate": 2, "time/update": 4, "time/step": 8, "time/logprob": null, "reward/mean": 0.5, "policy/foreign_in_window_frac": 0.25, "policy/foreign_ratio_mean": 0.9}
@@ -99,3 +106,94 @@ def test_number_formats():
     assert fmt(None) == "–" and fmt(0.12345) == "0.123" and fmt(0.1, digits=1, signed=True) == "+0.1"
     assert fmt_pm(0.5, None) == "0.500" and fmt_pm(-0.05, 0.0123, signed=True) == "-0.050 ± 0.012"
     assert fmt_pm(None, 0.1) == "–"
+
+
+def _step(step, agent, *, own=128, rows=256, tokens=25.0, gen=0.5, logprob=0.1, update=1.0, foreign=True,
+          in_window=0.5, ratio=0.8):
+    rec = {"step": step, "agent": agent, "view/num_own_rows": own, "view/num_rows": rows,
+           "response/tokens_mean": tokens, "time/generate": gen, "time/logprob": logprob, "time/update": update,
+           "time/reward": 0.01, "time/sync": 0.0, "time/step": 2.0, "reward/mean": 0.25}
+    if foreign:
+        rec.update({"policy/foreign_in_window_frac": in_window, "policy/foreign_ratio_mean": ratio,
+                    "policy/foreign_clip_frac_lower": 1.0 - in_window - 0.1, "policy/foreign_clip_frac_upper": 0.1})
+    return rec
+
+
+def test_final_accuracy_is_the_mean_of_the_last_two_evaluations_by_step():
+    assert final_accuracy([(30, 0.5), (10, 0.2), (20, 0.4)]) == pytest.approx(0.45)
+    assert final_accuracy([(10, 0.3)]) == pytest.approx(0.3)
+    assert final_accuracy([(10, 0.2), (20, 0.4), (30, 0.9)], last=3) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="at least one"):
+        final_accuracy([])
+
+
+def test_agent_step_stats_totals_and_means():
+    records = [_step(1, "a", tokens=20.0, gen=0.4, update=1.0, in_window=0.6, ratio=0.9),
+               _step(2, "a", tokens=30.0, gen=0.6, update=3.0, in_window=0.2, ratio=0.7)]
+    stats = agent_step_stats(records, rollouts_per_step=128)
+    assert stats["steps"] == 2
+    assert stats["rollouts_generated"] == 256
+    assert stats["rows_trained"] == 512
+    assert stats["generated_tokens"] == 20 * 128 + 30 * 128                  # 6400
+    assert stats["tokens_per_s"] == pytest.approx(6400 / 1.0)                # over 0.4 + 0.6 generation seconds
+    assert stats["samples_trained_per_s"] == pytest.approx(512 / 4.0)       # over 1 + 3 update seconds
+    assert stats["seconds"]["generate"] == pytest.approx(0.5)
+    assert stats["seconds"]["update"] == pytest.approx(2.0)
+    assert stats["foreign"]["in_window_frac"] == pytest.approx(0.4)
+    assert stats["foreign"]["ratio_mean"] == pytest.approx(0.8)
+    assert stats["foreign"]["ratio_median"] is None                          # not logged by these records
+
+    solo = [dict(_step(1, "a", foreign=False)), dict(_step(2, "a", foreign=False))]
+    for rec in solo:
+        del rec["view/num_own_rows"], rec["view/num_rows"]
+    stats = agent_step_stats(solo, rollouts_per_step=64)
+    assert stats["foreign"] is None
+    assert stats["rollouts_generated"] == 128 and stats["rows_trained"] == 128
+    with pytest.raises(ValueError):
+        agent_step_stats([], rollouts_per_step=1)
+
+
+def _synthetic_summary():
+    evals = [{"step": s, "agent": a, "accuracy": acc} for s, a, acc in
+             [(10, "llama", 0.2), (10, "qwen", 0.4), (20, "llama", 0.3), (20, "qwen", 0.6),
+              (30, "llama", 0.5), (30, "qwen", 0.7)]]
+    steps = [_step(s, a) for s in (1, 2, 3) for a in ("llama", "qwen")]
+    return build_summary(run={"preset": "model", "algorithm": "hacpo", "seed": 3, "steps": 3,
+                              "n_samples_per_prompt": 8, "eval_split": "test", "eval_problems": 400},
+                         acc_before={"llama": 0.1, "qwen": 0.3}, acc_after={"llama": 0.5, "qwen": 0.7},
+                         step_records=steps, eval_records=evals, rollouts_per_step=128)
+
+
+def test_build_summary_table_and_plot(tmp_path):
+    summary = _synthetic_summary()
+    llama = summary["agents"]["llama"]
+    assert llama["validation"] == [[0, 0.1], [10, 0.2], [20, 0.3], [30, 0.5]]
+    assert llama["acc_final"] == pytest.approx(0.4)
+    assert summary["agents"]["qwen"]["acc_final"] == pytest.approx(0.65)
+    assert llama["steps"] == 3 and llama["rollouts_generated"] == 384
+    assert summary["run"]["rollouts_total"] == 768
+    json.dumps(summary, allow_nan=False)  # serialisable as strict JSON
+
+    table = format_table(summary)
+    assert "| llama | 0.100 | 0.500 | +0.400 | 0.400 | 384 |" in table
+    assert "| qwen | 0.300 | 0.700 | +0.400 | 0.650 | 384 |" in table
+
+    path = plot_validation(summary, tmp_path / "curve.png")
+    data = path.read_bytes()
+    assert data.startswith(PNG_SIGNATURE) and len(data) > 5000
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+def test_mean_std_and_paired_differences():
+    mean, std = mean_std([0.5, 0.7, 0.6])
+    assert mean == pytest.approx(0.6) and std == pytest.approx(0.1)     # sample std
+    assert mean_std([0.4]) == (0.4, None)
+
+    def arm(finals):
+        return {"agents": {"a": {"final_by_seed": {str(s): v for s, v in finals.items()}}}}
+
+    d = paired_differences(arm({0: 0.6, 1: 0.5, 2: 0.9}), arm({0: 0.4, 1: 0.55, 3: 0.1}))["a"]
+    assert d["seeds"] == [0, 1]
+    assert d["diffs"] == pytest.approx([0.2, -0.05])
+    assert d["mean"] == pytest.approx(0.075) and d["positive"] == 1
+    assert d["std"] == pytest.approx(math.sqrt(((0.2 - 0.075) ** 2 + (-0.05 - 0.075) ** 2) / 1))
