@@ -17,11 +17,16 @@ measured back to back).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import pathlib
 import statistics
 import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from openrlhf_hacpo.utils.jsonl import read_jsonl  # noqa: E402
 
 TIMING_PREFIXES = ("time/",)
 TIMING_KEYS = {"rollout/tokens_per_s"}
@@ -39,13 +44,11 @@ def load(path: str) -> dict[tuple, dict]:
     if not p.is_file():
         raise SystemExit(f"compare_runs: {p} does not exist")
     records = {}
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SystemExit(f"compare_runs: {p} line {n} is not JSON ({exc})") from None
+    try:
+        lines = read_jsonl(p, skip_torn_tail=True)
+    except ValueError as exc:
+        raise SystemExit(f"compare_runs: {exc}") from None
+    for rec in lines:
         flat = {}
 
         def walk(d, prefix=""):
