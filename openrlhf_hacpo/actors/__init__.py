@@ -8,7 +8,6 @@ from openrlhf_hacpo.actors.agent_group import AgentGroup, AgentWorkerDied, Pendi
 _LAZY = {
     "PolicyWorker": "openrlhf_hacpo.actors.policy",
     "PolicyActor": "openrlhf_hacpo.actors.policy",
-    "load_tokenizer": "openrlhf_hacpo.actors.policy",
     "ReferenceWorker": "openrlhf_hacpo.actors.reference",
     "ReferenceActor": "openrlhf_hacpo.actors.reference",
 }

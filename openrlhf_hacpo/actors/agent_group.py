@@ -6,91 +6,27 @@ actors: ``dp_size`` :class:`~openrlhf_hacpo.actors.policy.PolicyActor` ranks for
 coefficient is positive) and, for the ``vllm`` backend, ``vllm_num_engines`` vLLM engine actors. Without Ray
 (``use_ray=False``) one plain :class:`~openrlhf_hacpo.actors.policy.PolicyWorker` runs in the driver process.
 
-Methods that start work on the workers return a :class:`Pending`; ``Pending.result()`` waits for it. Starting the
-same phase on every agent before waiting on any makes the agents work concurrently. A worker that dies surfaces as
+Methods that start work on the workers return a :class:`Pending`; ``Pending.result()`` waits for it and gives one
+typed value (:mod:`openrlhf_hacpo.actors.results`). Starting the same phase on every agent before waiting on any makes
+the agents work concurrently; a vLLM rollout starts generation and scoring at once (the scoring waits for the
+engines' outputs inside Ray), so its pending is one level too. A worker that dies surfaces as
 :class:`AgentWorkerDied` naming the agent; a wait longer than ``--step_timeout`` (a hung or stopped worker) surfaces as
 :class:`AgentPhaseTimeout` naming the agent, the worker and the phase.
 """
 from __future__ import annotations
 
-import logging
+import time
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
+from openrlhf_hacpo.actors.pending import AgentPhaseTimeout, AgentWorkerDied, Pending, is_actor_death
+from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult, WorkerInfo
+from openrlhf_hacpo.actors.sharding import reindex, shard_sampling, split_shards
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
-from openrlhf_hacpo.utils.partition import split_evenly
+from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
 
 __all__ = ["AgentGroup", "AgentPhaseTimeout", "AgentWorkerDied", "Pending"]
 
-logger = logging.getLogger(__name__)
-
-
-class AgentWorkerDied(RuntimeError):
-    """A Ray actor of an agent died (process crash, OOM kill, node loss)."""
-
-    def __init__(self, agent: str, role: str, detail: str) -> None:
-        self.agent = agent
-        self.role = role
-        super().__init__(f"the {role} of agent {agent!r} died: {detail}")
-
-
-class AgentPhaseTimeout(TimeoutError):
-    """An agent's workers did not finish a phase within the step timeout (hung, stopped or far too slow)."""
-
-    def __init__(self, agent: str, role: str, phase: str, timeout_s: float) -> None:
-        self.agent, self.role, self.phase, self.timeout_s = agent, role, phase, timeout_s
-        super().__init__(f"the {role} of agent {agent!r} did not finish {phase} within {timeout_s:g} s "
-                         "(--step_timeout); it is hung, stopped or much slower than expected")
-
-
-# worker method -> phase named in timeout messages
-_PHASES = {"setup": "setup", "get_master_addr_port": "setup",
-           "set_reference": "setup", "rollout": "generate", "generate": "generate", "make_trajectories": "score",
-           "render_prompts": "prompt rendering", "render_prompt_texts": "prompt rendering", "train_step": "update",
-           "sync_weights_to_engines": "sync", "init_engine_weight_sync": "sync", "save_checkpoint": "save",
-           "load_checkpoint": "load", "save_hf": "save", "state_dict_for_sync": "sync", "sleep": "engine sleep",
-           "wake_up": "engine wake-up"}
-
-
-def _is_actor_death(err: BaseException) -> bool:
-    try:
-        import ray.exceptions as rex
-    except ImportError:  # pragma: no cover - ray is a dependency
-        return False
-    return isinstance(err, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError))
-
-
-class Pending:
-    """Work started on an agent's workers; :meth:`result` waits and combines the per-worker results."""
-
-    def __init__(self, group: "AgentGroup", role: str, parts: list[Any], combine: Callable[[list[Any]], Any],
-                 remote: bool, method: str = "") -> None:
-        self.group, self.role, self.parts, self.combine, self.remote = group, role, parts, combine, remote
-        self.method = method
-
-    def result(self) -> Any:
-        """Wait (at most the group's ``timeout_s``) and combine the workers' results."""
-        if not self.remote:
-            return self.combine(self.parts)
-        import ray
-        import ray.exceptions as rex
-
-        timeout = self.group.timeout_s
-        try:
-            values = ray.get(self.parts, timeout=timeout)
-        except rex.GetTimeoutError as err:
-            phase = _PHASES.get(self.method, self.method or "its work")
-            raise AgentPhaseTimeout(self.group.name, self.role, phase, timeout) from err
-        except Exception as err:
-            if _is_actor_death(err):
-                raise AgentWorkerDied(self.group.name, self.role, str(err).splitlines()[0]) from err
-            raise
-        return self.combine(values)
-
-
-def _split(items: Sequence[Any], parts: int) -> list[list[Any]]:
-    """Contiguous shards of ``items`` for ``parts`` workers, sizes differing by at most one."""
-    return [list(items[r.start:r.stop]) for r in split_evenly(len(items), parts)]
 
 
 class AgentGroup:
@@ -147,7 +83,7 @@ class AgentGroup:
                                              kernel_backend=self.cfg.kernel_backend)
             self.reference.setup()
             policy.set_reference(self.reference)
-        return Pending(self, "policy", [info], lambda infos: infos, remote=False)
+        return Pending(self, "policy", [info], list, remote=False)
 
     def _launch_ray(self) -> Pending:
         from ray.util.placement_group import placement_group
@@ -194,7 +130,7 @@ class AgentGroup:
             self._create_engines()
         n_policy = len(self.policies)
 
-        def combine(values: list[Any]) -> list[dict[str, Any]]:
+        def combine(values: list[Any]) -> list[WorkerInfo]:
             if self.reference is not None:
                 self._call(self.policies, "set_reference", [(self.reference,)] * n_policy, "policy",
                            lambda v: v).result()
@@ -271,7 +207,7 @@ class AgentGroup:
             refs = [getattr(w, method).remote(*a, **kw)
                     for w, a, kw in zip(workers, args_per_worker, kwargs_per_worker)]
         except Exception as err:
-            if _is_actor_death(err):
+            if is_actor_death(err):
                 raise AgentWorkerDied(self.name, role, str(err).splitlines()[0]) from err
             raise
         return Pending(self, role, refs, combine, remote=True, method=method)
@@ -280,63 +216,65 @@ class AgentGroup:
         return self._call(self.policies, method, [args] * len(self.policies), "policy", combine)
 
     def rollout(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> Pending:
-        """Sample ``sampling.n`` responses per prompt and return the agent's trajectories (not yet verified).
-
-        The result is ``{"trajectories", "generate_s", "logprob_s", "generated_tokens"}``.
-        """
+        """Sample ``sampling.n`` responses per prompt; the result is the agent's :class:`RolloutResult` (its
+        trajectories not yet verified)."""
         if self.cfg.rollout_backend == "vllm":
             return self._rollout_vllm(prompts, sampling, step)
-        shards = _split(prompts, len(self.policies))
-        args = [(shard, _shard_sampling(sampling, rank), step) for rank, shard in enumerate(shards)]
-
-        def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
-            return {
-                "trajectories": [t for p in parts for t in p["trajectories"]],
-                "generate_s": max(p["generate_s"] for p in parts),
-                "logprob_s": max(p["logprob_s"] for p in parts),
-                "generated_tokens": sum(p["generated_tokens"] for p in parts),
-            }
-
-        return self._call(self.policies, "rollout", args, "policy", combine)
+        shards = split_shards(prompts, len(self.policies))
+        args = [(shard, shard_sampling(sampling, rank), step) for rank, shard in enumerate(shards)]
+        return self._call(self.policies, "rollout", args, "policy", RolloutResult.combine)
 
     def _rollout_vllm(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> Pending:
-        """Engines sample; the policy ranks then score the responses. The result of the returned pending is a second
-        :class:`Pending` (the scoring), so the controller's ``wait_all`` overlaps both phases across agents."""
-        import time
+        """Rank 0 renders the prompts once; the engines sample and every policy rank scores its prompts' responses.
 
+        Both phases start now: each scoring call takes the engines' results as Ray arguments, so it runs as soon as
+        they exist (sleeping engines are put back to sleep first: the scoring call waits for that too) and the
+        agents' phases overlap however the driver waits. ``generate_s`` is measured to the end of generation.
+        """
         t0 = time.perf_counter()
-        generation = self.generate(prompts, sampling)
+        rendered = self._call(self.policies[:1], "render", [(list(prompts),)], "policy", lambda v: v[0]).result()
+        indices = list(range(len(prompts)))
+        self._wake_engines()
+        engine_shards = [s for s in split_shards(indices, len(self.engines)) if s]
+        engines = self.engines[:len(engine_shards)]
+        generation = self._call(engines, "generate",
+                                [([rendered.ids[i] for i in shard], shard_sampling(sampling, e))
+                                 for e, shard in enumerate(engine_shards)], "vLLM engine",
+                                lambda outputs: time.perf_counter() - t0)
+        outputs = generation.parts
+        if self._engines_sleep:  # engines sleep before the (colocated) policies score
+            outputs = self._after_sleep(engines, outputs)
+        shards = split_shards(indices, len(self.policies))
+        args = [([prompts[i] for i in shard], rendered.select(shard), shard, engine_shards, step, *outputs)
+                for shard in shards]
+        scoring = self._call(self.policies, "score_engine_outputs", args, "policy", RolloutResult.combine)
 
-        def score(outputs: list[GenerationOutput]) -> Pending:
-            generate_s = time.perf_counter() - t0
-            shards = _split(list(range(len(prompts))), len(self.policies))
-            args = []
-            for shard in shards:
-                local = {p: i for i, p in enumerate(shard)}
-                outs = [_reindex(o, local[o.prompt_index]) for o in outputs if o.prompt_index in local]
-                args.append(([prompts[p] for p in shard], outs, step))
-            tokens = sum(o.num_tokens for o in outputs)
+        def combine(parts: list[RolloutResult], generate_s: float) -> RolloutResult:
+            return replace(scoring.combine(parts), generate_s=generate_s)
 
-            def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
-                return {"trajectories": [t for p in parts for t in p["trajectories"]], "generate_s": generate_s,
-                        "logprob_s": max(p["logprob_s"] for p in parts), "generated_tokens": tokens}
+        return Pending(self, scoring.role, scoring.parts, combine, scoring.remote, scoring.method, after=generation)
 
-            return self._call(self.policies, "make_trajectories", args, "policy", combine)
+    def _after_sleep(self, engines: Sequence[Any], outputs: Sequence[Any]) -> list[Any]:
+        """Engine e's outputs, available once engine e is asleep again (its ``sleep`` runs after its ``generate``:
+        a Ray actor runs one caller's calls in order)."""
+        import ray
 
-        return Pending(self, generation.role, generation.parts, lambda values: score(generation.combine(values)),
-                       generation.remote, generation.method)
+        slept = [engine.sleep.remote() for engine in engines]
+        self._engines_awake = False
+        first_of = ray.remote(num_cpus=0)(_first_of)
+        return [first_of.remote(out, done) for out, done in zip(outputs, slept)]
 
     def generate(self, prompts: Sequence[Any], sampling: SamplingConfig) -> Pending:
         """Responses only (no scoring), prompt-major like :meth:`RolloutEngine.generate`; used for evaluation."""
         if self.cfg.rollout_backend == "vllm":
             prompt_ids = self.render_prompts(prompts)
             self._wake_engines()
-            shards = _split(list(range(len(prompts))), len(self.engines))
-            args = [([prompt_ids[i] for i in shard], _shard_sampling(sampling, e)) for e, shard in enumerate(shards)]
+            shards = split_shards(list(range(len(prompts))), len(self.engines))
+            args = [([prompt_ids[i] for i in shard], shard_sampling(sampling, e)) for e, shard in enumerate(shards)]
             workers, role = self.engines, "vLLM engine"
         else:
-            shards = _split(list(range(len(prompts))), len(self.policies))
-            args = [([prompts[i] for i in shard], _shard_sampling(sampling, r)) for r, shard in enumerate(shards)]
+            shards = split_shards(list(range(len(prompts))), len(self.policies))
+            args = [([prompts[i] for i in shard], shard_sampling(sampling, r)) for r, shard in enumerate(shards)]
             workers, role = self.policies, "policy"
 
         def combine(parts: list[list[GenerationOutput]]) -> list[GenerationOutput]:
@@ -344,7 +282,7 @@ class AgentGroup:
                 self._sleep_engines()
             out = []
             for shard, outs in zip(shards, parts):
-                out.extend(_reindex(o, shard[o.prompt_index]) for o in outs)
+                out.extend(reindex(o, shard[o.prompt_index]) for o in outs)
             return out
 
         live = [(w, a, s) for w, a, s in zip(workers, args, shards) if s]
@@ -363,23 +301,12 @@ class AgentGroup:
 
     def train_step(self, trajectories: Any, step: int, ratio_matrix: list[list[float]]) -> Pending:
         """Start this learner's update on the step's trajectories (a list, or a Ray object reference to one shared by
-        every learner); the result merges every rank's metrics."""
-        from openrlhf_hacpo.actors.policy import merge_weighted
-
-        def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
-            return {
-                "metrics": merge_weighted([p["metrics"] for p in parts]),
-                "skipped_updates": parts[0]["skipped_updates"],
-                "skipped_updates_total": parts[0]["skipped_updates_total"],
-                "updates": parts[0]["updates"],
-                "timings": {k: max(p["timings"][k] for p in parts) for k in parts[0]["timings"]},
-            }
-
+        every learner); the result is a :class:`TrainStepResult` merging every rank's metrics."""
         if self.use_ray and isinstance(trajectories, (list, tuple)):
             import ray
 
             trajectories = ray.put(list(trajectories))  # one copy for all ranks
-        return self._all_policies("train_step", trajectories, step, ratio_matrix, combine=combine)
+        return self._all_policies("train_step", trajectories, step, ratio_matrix, combine=TrainStepResult.combine)
 
     def sync_weights(self) -> float:
         """Copy the policy's weights into the agent's vLLM engines; returns seconds spent (0 without engines).
@@ -422,10 +349,6 @@ class AgentGroup:
     def load_checkpoint(self, path: str) -> Pending:
         return self._all_policies("load_checkpoint", path)
 
-    def inject_nonfinite_loss(self, step: int, update_index: int) -> None:
-        """Test hook: the given update's loss becomes NaN on every rank (see ``PolicyWorker.inject_nonfinite_loss``)."""
-        self._all_policies("inject_nonfinite_loss", step, update_index).result()
-
     def shutdown(self) -> None:
         """Kill this agent's actors (a no-op without Ray)."""
         if not self.use_ray:
@@ -445,18 +368,6 @@ class AgentGroup:
             self._placement_group = None
 
 
-def _shard_sampling(sampling: SamplingConfig, shard: int) -> SamplingConfig:
-    """Shard ``shard`` of a seeded call gets its own derived seed (shard 0 keeps the call's seed)."""
-    if sampling.seed is None or shard == 0:
-        return sampling
-    from dataclasses import replace
-
-    from openrlhf_hacpo.engines.base import derive_seed
-
-    return replace(sampling, seed=derive_seed(sampling.seed, "shard", shard))
-
-
-def _reindex(output: GenerationOutput, prompt_index: int) -> GenerationOutput:
-    from dataclasses import replace
-
-    return replace(output, prompt_index=prompt_index)
+def _first_of(value: Any, *_: Any) -> Any:
+    """``value``, once the other arguments (Ray object references) are ready too."""
+    return value

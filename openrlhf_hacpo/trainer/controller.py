@@ -18,7 +18,6 @@ uninterrupted run would have.
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import random
@@ -30,26 +29,20 @@ import numpy as np
 import torch
 
 from openrlhf_hacpo.actors.agent_group import AgentGroup, AgentPhaseTimeout, AgentWorkerDied, Pending
-from openrlhf_hacpo.algorithms import CapabilityTracker
-from openrlhf_hacpo.data.prompts import PromptDataLoader, load_prompt_dataset
+from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult
+from openrlhf_hacpo.algorithms import CapabilityTracker, step_capability
 from openrlhf_hacpo.engines.base import SamplingConfig, derive_seed
-from openrlhf_hacpo.rollout import RewardFunctionError, RewardRunner, RolloutStore, get_reward_fn
+from openrlhf_hacpo.rollout import RewardFunctionError, RewardRunner, RolloutStore
 from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
 from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state
 from openrlhf_hacpo.config import TrainConfig
-from openrlhf_hacpo.trainer.evaluation import Evaluator, load_eval_records
+from openrlhf_hacpo.trainer.evaluation import Evaluator
 from openrlhf_hacpo.trainer.fingerprint import config_fingerprint, fingerprint_differences
-from openrlhf_hacpo.trainer.input_checks import (
-    check_prompt_format,
-    check_reward_signature,
-    count_long_prompts,
-    drop_long_prompts,
-    planned_steps_message,
-)
 from openrlhf_hacpo.trainer.metrics import MetricsLogger
 from openrlhf_hacpo.trainer.preflight import resolve_attention, resolve_hub_models, run_gpu_stack_preflight
 from openrlhf_hacpo.trainer.reward_watch import RewardStallWatcher
 from openrlhf_hacpo.trainer.run_folder import RunLock, check_run_folder, run_outputs
+from openrlhf_hacpo.trainer.run_inputs import check_run_inputs
 from openrlhf_hacpo.utils.errors import CheckpointError, RunFolderError
 from openrlhf_hacpo.utils.logging_setup import attach_run_log
 from openrlhf_hacpo.utils.shutdown import keep_signal_handlers
@@ -64,12 +57,8 @@ class TrainingError(RuntimeError):
 
 
 def wait_all(pendings: Sequence[Pending]) -> list[Any]:
-    """Wait for every pending result; a result that is itself pending (a second phase) is waited for in a second
-    pass, so the second phases of all agents run concurrently too."""
-    results = [p.result() for p in pendings]
-    while any(isinstance(r, Pending) for r in results):
-        results = [r.result() if isinstance(r, Pending) else r for r in results]
-    return results
+    """Wait for every pending result, in order (the work itself already runs on every agent at once)."""
+    return [p.result() for p in pendings]
 
 
 class HACPOController:
@@ -103,89 +92,8 @@ class HACPOController:
 
     # ------------------------------------------------------------------------------------------------ setup
     def preflight(self) -> None:
-        """Check inputs before any worker starts: tokenizers, chat templates, model configs, data, reward."""
-        from transformers import AutoConfig
-
-        from openrlhf_hacpo.actors.policy import looks_like_local_path, load_tokenizer
-
-        cfg = self.cfg
-        for agent in cfg.resolved_agents():
-            tokenizer = load_tokenizer(agent)
-            if cfg.apply_chat_template and getattr(tokenizer, "chat_template", None) is None:
-                raise ValueError(
-                    f"agent {agent.name!r}: tokenizer {agent.tokenizer_path!r} has no chat template but "
-                    "--apply_chat_template is set (give the agent a chat_template=... or drop the flag)")
-            if looks_like_local_path(agent.pretrain) and not os.path.exists(agent.pretrain):
-                raise FileNotFoundError(f"agent {agent.name!r}: model path {agent.pretrain!r} does not exist")
-            try:
-                AutoConfig.from_pretrained(agent.pretrain)
-            except (OSError, ValueError) as err:
-                raise FileNotFoundError(f"agent {agent.name!r}: cannot load the model from {agent.pretrain!r}: "
-                                        f"{err}") from err
-            if cfg.rollout_backend == "vllm" and not os.path.isdir(agent.pretrain):
-                raise FileNotFoundError(f"agent {agent.name!r}: the vllm backend needs a local model folder, "
-                                        f"{agent.pretrain!r} is not one")
-        check_reward_signature(get_reward_fn(cfg.reward_fn))
-        if cfg.use_wandb and importlib.util.find_spec("wandb") is None:
-            raise ImportError("--use_wandb needs the wandb package: pip install 'openrlhf-hacpo[wandb]'")
-        records = load_prompt_dataset(cfg.prompt_data, cfg.input_key, cfg.label_key, cfg.prompt_split,
-                                      cfg.max_samples)
-        if len(records) < cfg.rollout_batch_size:
-            raise ValueError(f"prompt dataset {cfg.prompt_data} has {len(records)} prompts, fewer than "
-                             f"rollout_batch_size={cfg.rollout_batch_size}")
-        check_prompt_format(records, cfg.apply_chat_template, cfg.prompt_data)
-        if cfg.drop_long_prompts:
-            records = self._drop_long_prompts(records)
-        self.dataloader = PromptDataLoader(records, cfg.rollout_batch_size, seed=cfg.seed, shuffle=True,
-                                           drop_last=True)
-        self._report_data_shortfalls(records)
-        self.eval_records = None
-        if cfg.eval_data:
-            self.eval_records = load_eval_records(cfg.eval_data, cfg.input_key, cfg.label_key, cfg.eval_split,
-                                                  cfg.eval_max_samples)
-            check_prompt_format(self.eval_records, cfg.apply_chat_template, cfg.eval_data)
-            for agent in cfg.resolved_agents():
-                if (cfg.rollout_backend == "hf" and agent.zero_stage == 3 and agent.dp_size > 1
-                        and len(self.eval_records) % agent.dp_size):
-                    raise ValueError(
-                        f"agent {agent.name!r}: with zero_stage=3 its {agent.dp_size} workers generate in lockstep, "
-                        f"so the {len(self.eval_records)} evaluation prompts of {cfg.eval_data} must divide evenly "
-                        "(set --eval_max_samples)")
-
-    def _drop_long_prompts(self, records: Sequence[Any]) -> list[Any]:
-        """``--drop_long_prompts``: keep the prompts every agent renders within ``--prompt_max_len`` tokens."""
-        from openrlhf_hacpo.actors.policy import load_tokenizer, view_config
-
-        cfg = self.cfg
-        tokenizers = {agent.name: load_tokenizer(agent) for agent in cfg.resolved_agents()}
-        kept, counts = drop_long_prompts(records, tokenizers, view_config(cfg))
-        logger.warning("--drop_long_prompts: %d of %d prompts dropped (longer than %d tokens for: %s)",
-                       len(records) - len(kept), len(records), cfg.prompt_max_len,
-                       ", ".join(f"{name} {n}" for name, n in counts.items()))
-        if len(kept) < cfg.rollout_batch_size:
-            raise ValueError(f"prompt dataset {cfg.prompt_data}: {len(kept)} prompts fit --prompt_max_len "
-                             f"{cfg.prompt_max_len}, fewer than rollout_batch_size={cfg.rollout_batch_size}")
-        return kept
-
-    def _report_data_shortfalls(self, records: Sequence[Any]) -> None:
-        """Warn, before any worker starts, about steps the data cannot give and prompts that will be truncated."""
-        from openrlhf_hacpo.actors.policy import load_tokenizer, view_config
-
-        cfg = self.cfg
-        message = planned_steps_message(cfg.max_steps, len(self.dataloader), cfg.num_episodes, len(records),
-                                        cfg.rollout_batch_size)
-        if message:
-            logger.warning(message)
-        view = view_config(cfg)
-        for agent in cfg.resolved_agents():
-            count, longest = count_long_prompts(records, load_tokenizer(agent), view)
-            if count:
-                logger.warning("agent %r: %d of %d prompts are longer than --prompt_max_len %d tokens (longest %d); "
-                               "they keep their last %d tokens at rollout and training time alike", agent.name, count,
-                               len(records), cfg.prompt_max_len, longest, cfg.prompt_max_len)
-            else:
-                logger.info("agent %r: no prompt is longer than --prompt_max_len %d tokens (longest %d)", agent.name,
-                            cfg.prompt_max_len, longest)
+        """Check inputs before any worker starts (:func:`~openrlhf_hacpo.trainer.run_inputs.check_run_inputs`)."""
+        self.dataloader, self.eval_records = check_run_inputs(self.cfg)
 
     def _prepare_run_folder(self) -> None:
         """Refuse or clear an earlier run's outputs, take the run lock, remove stale save leftovers, log to the
@@ -346,9 +254,10 @@ class HACPOController:
 
         # 1) rollouts of every agent on the same prompts, concurrently
         t0 = time.perf_counter()
-        rollouts = wait_all([g.rollout(prompts, self.sampling_for(step, g.name), step) for g in self.groups])
+        rollouts: list[RolloutResult] = wait_all([g.rollout(prompts, self.sampling_for(step, g.name), step)
+                                                  for g in self.groups])
         rollout_s = time.perf_counter() - t0
-        trajectories = [t for r in rollouts for t in r["trajectories"]]
+        trajectories = [t for r in rollouts for t in r.trajectories]
 
         # 2) one verification per trajectory
         t0 = time.perf_counter()
@@ -365,9 +274,9 @@ class HACPOController:
 
         # 3) capability P̂ (window includes this step) and the clipped ratio matrix
         per_agent = self.store.rewards_by_source(step, cfg.num_agents)
-        step_capability = [float(np.mean([r > 0 for r in rs])) if cfg.algo.capability.metric == "positive_rate"
-                           else float(np.mean(rs)) for rs in per_agent]
-        capabilities = self.tracker.update([torch.tensor(rs, dtype=torch.float64) for rs in per_agent])
+        per_agent = [torch.tensor(rs, dtype=torch.float64) for rs in per_agent]
+        this_step = [step_capability(rs, cfg.algo.capability.metric) for rs in per_agent]
+        capabilities = self.tracker.update(per_agent)
         ratio = self.tracker.ratio_matrix()
 
         # 4) every learner from the same pre-step snapshots, concurrently
@@ -377,7 +286,7 @@ class HACPOController:
             import ray
 
             shared = ray.put(trajectories)  # one copy in the object store for every learner
-        trained = wait_all([g.train_step(shared, step, ratio.tolist()) for g in self.groups])
+        trained: list[TrainStepResult] = wait_all([g.train_step(shared, step, ratio.tolist()) for g in self.groups])
         train_s = time.perf_counter() - t0
 
         # 5) weight sync to the rollout engines
@@ -397,28 +306,28 @@ class HACPOController:
                 "reward/std": stats["reward_std"],
                 "reward/positive_rate": stats["positive_rate"],
                 "capability": float(capabilities[k]),
-                "capability/step": step_capability[k],
+                "capability/step": this_step[k],
                 "response/tokens_mean": stats["response_tokens_mean"],
                 "response/chars_mean": stats["response_chars_mean"],
                 "response/finished_rate": stats["finished_rate"],
                 "response/truncated_fraction": float(np.mean([t.finish_reason == "length" for t in own])),
-                "rollout/tokens_per_s": rollout["generated_tokens"] / max(rollout["generate_s"], 1e-9),
-                "time/generate": rollout["generate_s"],
+                "rollout/tokens_per_s": rollout.generated_tokens / max(rollout.generate_s, 1e-9),
+                "time/generate": rollout.generate_s,
                 "time/reward": reward_s,
-                "time/logprob": rollout["logprob_s"] + result["timings"]["logprob_s"],
-                "time/update": result["timings"]["update_s"],
+                "time/logprob": rollout.logprob_s + result.timings.logprob_s,
+                "time/update": result.timings.update_s,
                 "time/sync": sync_s[k],
                 "time/rollout_phase": rollout_s,
                 "time/train_phase": train_s,
                 "time/step": step_s,
-                "updates": result["updates"],
-                "skipped_updates": result["skipped_updates_total"],
-                "skipped_updates/step": result["skipped_updates"],
+                "updates": result.updates,
+                "skipped_updates": result.skipped_updates_total,
+                "skipped_updates/step": result.skipped_updates,
             }
             for j in range(cfg.num_agents):
                 if j != k:
                     rec[f"omega/{self.groups[j].name}"] = float(ratio[k, j])
-            rec.update(result["metrics"])
+            rec.update(result.metrics)
             records.append(rec)
         self.history.append(records)
         return records

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from openrlhf_hacpo.actors.policy import _record_view_stats, _Weighted, merge_weighted
+from openrlhf_hacpo.actors.learner_metrics import record_view_stats
 from openrlhf_hacpo.rollout import LearnerBatch, LearnerRow
+from openrlhf_hacpo.utils.weighted import WeightedMeans, merge_weighted
 
 
 def row(source: int, learner_tokens: int, source_tokens: int, own: bool) -> LearnerRow:
@@ -23,8 +24,8 @@ def test_per_source_token_counts_and_retokenization_ratio_merge_over_ranks():
     rank1 = LearnerBatch(learner=0, rows=[row(0, 6, 6, True), row(1, 11, 3, False), row(2, 5, 10, False)])
     states = []
     for batch in (rank0, rank1):
-        stats = _Weighted()
-        _record_view_stats(batch, torch.zeros(len(batch)), stats, names)
+        stats = WeightedMeans()
+        record_view_stats(batch, torch.zeros(len(batch)), stats, names)
         states.append(stats.state())
     merged = merge_weighted(states)
     assert merged["view/retokenization_ratio/char_agent"] == pytest.approx(3.5)

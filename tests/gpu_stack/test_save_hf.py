@@ -89,10 +89,10 @@ def test_zero3_broadcast_sends_every_name_in_small_buckets(bf16_tied_agent, tmp_
 
     worker = PolicyWorker(worker_config(bf16_tied_agent, tmp_path, "--zero_stage", "3"), 0)
     worker.setup()
-    worker.weight_bucket_bytes = 8 * 1024  # many buckets: each is gathered, sent and released in turn
+    worker.io.weight_bucket_bytes = 8 * 1024  # many buckets: each is gathered, sent and released in turn
     port = free_port()
     engine = _Receiver(port)
-    worker._engine_group = create_weight_sync_group("127.0.0.1", port, 0, 2, "sync_test", backend="gloo",
+    worker.io._engine_group = create_weight_sync_group("127.0.0.1", port, 0, 2, "sync_test", backend="gloo",
                                                     timeout_s=60)
     engine._joining.join()
     monkeypatch.setattr(ray, "get", lambda threads, **kw: [t.join(timeout=60) for t in threads])

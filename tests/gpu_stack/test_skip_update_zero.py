@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from openrlhf_hacpo.actors.policy import SkippableAdamW
+from openrlhf_hacpo.actors.deepspeed_setup import SkippableAdamW
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
 

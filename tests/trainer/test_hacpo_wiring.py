@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from hacpo_reference import reference_advantages
-from openrlhf_hacpo.actors.policy import PolicyWorker
+from openrlhf_hacpo.actors.update_loop import UpdateLoop
 from openrlhf_hacpo.algorithms.capability import CapabilityTracker
 from openrlhf_hacpo.cli.train_hacpo import run
 
@@ -36,9 +36,9 @@ def test_advantages_coefficients_and_flags_reaching_the_loss(tmp_path, tiny_agen
     monkeypatch.setattr(CapabilityTracker, "ratio_matrix", lambda self: ratio.clone())
 
     records = []
-    original = PolicyWorker._micro_loss
+    original = UpdateLoop.micro_loss
 
-    def spy(self, micro, m, step, totals, ref_logp):
+    def spy(self, micro, m, totals, ref_logp):
         seen = []
         loss_fn = self.loss_fn
 
@@ -48,13 +48,13 @@ def test_advantages_coefficients_and_flags_reaching_the_loss(tmp_path, tiny_agen
 
         self.loss_fn = capture
         try:
-            out = original(self, micro, m, step, totals, ref_logp)
+            out = original(self, micro, m, totals, ref_logp)
         finally:
             self.loss_fn = loss_fn
         records.append((self.agent_index, list(micro.rows), seen[0]))
         return out
 
-    monkeypatch.setattr(PolicyWorker, "_micro_loss", spy)
+    monkeypatch.setattr(UpdateLoop, "micro_loss", spy)
     agents = [a for name in names for a in ("--agent", f"name={name},pretrain={tiny_agents[name]}")]
     run(base_args(tmp_path, "--no_ray", *agents, "--algorithm", "hacpo", "--train_batch_size", "4",
                   "--max_steps", "1"))

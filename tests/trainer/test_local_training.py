@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from loss_injection import nan_loss_at
 from openrlhf_hacpo.cli.train_hacpo import build_config, run
 from openrlhf_hacpo.rollout import RewardFunctionError
 from openrlhf_hacpo.trainer.controller import HACPOController
@@ -109,7 +110,7 @@ def test_nonfinite_loss_skips_the_update_and_counts_it(tmp_path, tiny_agents, ba
     controller = HACPOController(build_config(args))
     try:
         controller.setup()
-        controller.groups[0].inject_nonfinite_loss(step=1, update_index=0)
+        nan_loss_at(controller.groups[0].policies[0], step=1, update_index=0)
         controller.fit()
         record = controller.history[0][0]
         assert record["skipped_updates"] == 1 and record["skipped_updates/step"] == 1
@@ -224,12 +225,12 @@ def test_worker_update_equals_a_hand_written_gspo_step(tmp_path, tiny_agents, ba
     hand_model = copy.deepcopy(worker.model).float().train()
     initial = {n: p.detach().clone() for n, p in worker.model.named_parameters()}
     records = load_prompt_dataset(prompt_file, "input", "label", "train", None)[:2]
-    trajectories = worker.rollout(records, SamplingConfig(n=4, max_new_tokens=8, seed=11), step=1)["trajectories"]
+    trajectories = worker.rollout(records, SamplingConfig(n=4, max_new_tokens=8, seed=11), step=1).trajectories
     rewards = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
     for traj, reward in zip(trajectories, rewards):
         traj.reward = reward
     result = worker.train_step(trajectories, 1, [[1.0]])
-    worker_grad_norm = result["metrics"]["grad_norm"][0]
+    worker_grad_norm = result.metrics["grad_norm"][0]
 
     tokenizer = worker.tokenizer
     grouped = torch.tensor(rewards, dtype=torch.float64).view(2, 4)

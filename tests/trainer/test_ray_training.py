@@ -101,7 +101,7 @@ def test_two_heterogeneous_agents_train_together(ray_cluster, tmp_path, tiny_age
     # -- the store's per-learner views: own ids kept, foreign text re-tokenized by the learner
     step2 = controller.store.for_step(2)
     assert {t.prompt_id for t in step2} == {t.prompt_id for t in step2 if t.source == 0}
-    from openrlhf_hacpo.actors.policy import view_config
+    from openrlhf_hacpo.actors.scoring import view_config
 
     checked = 0
     for k, name in enumerate(cfg.agent_names):

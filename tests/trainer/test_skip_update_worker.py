@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from loss_injection import nan_loss_at
 from openrlhf_hacpo.cli.train_hacpo import build_config
 from openrlhf_hacpo.trainer.controller import HACPOController
 
@@ -34,7 +35,7 @@ def test_second_update_skipped_under_zero(tmp_path, tiny_agents, base_args, stag
             return result
 
         worker.engine.step = recording_step
-        controller.groups[0].inject_nonfinite_loss(step=1, update_index=1)
+        nan_loss_at(worker, step=1, update_index=1)
         controller.fit()
         record = controller.history[0][0]
         assert record["updates"] == 2 and record["skipped_updates"] == 1

@@ -1,0 +1,100 @@
+"""What the workers and agent groups hand back: one small frozen type per call, never a string-keyed dict.
+
+A policy rank returns :class:`WorkerInfo` from setup, :class:`RolloutResult` from a rollout (or the scoring of
+responses sampled by the engines) and :class:`RankTrainResult` from a training step; the agent's group combines
+its ranks' results into one :class:`RolloutResult` and one :class:`TrainStepResult` per step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from openrlhf_hacpo.rollout import Trajectory
+from openrlhf_hacpo.utils.weighted import WeightedState, merge_weighted
+
+__all__ = ["RankTrainResult", "RolloutResult", "StepTimings", "TrainStepResult", "WorkerInfo"]
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Facts a policy rank reports once set up (logged by the controller)."""
+
+    agent: str
+    rank: int
+    num_parameters: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    device: str
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """An agent's (or one rank's) sampled and scored trajectories of a step, with the phase's costs.
+
+    ``generate_s`` is the sampling time, ``logprob_s`` the old-log-prob recompute (the slowest rank's each);
+    ``generated_tokens`` counts the sampled response tokens.
+    """
+
+    trajectories: tuple[Trajectory, ...]
+    generate_s: float
+    logprob_s: float
+    generated_tokens: int
+
+    @staticmethod
+    def combine(parts: Sequence["RolloutResult"]) -> "RolloutResult":
+        """The ranks' results as one: trajectories in rank order, the slowest rank's times, the tokens summed."""
+        return RolloutResult(
+            trajectories=tuple(t for p in parts for t in p.trajectories),
+            generate_s=max(p.generate_s for p in parts),
+            logprob_s=max(p.logprob_s for p in parts),
+            generated_tokens=sum(p.generated_tokens for p in parts),
+        )
+
+
+@dataclass(frozen=True)
+class StepTimings:
+    """Seconds of a learner's training step: reference log-probs (``logprob_s``) and the rest (``update_s``)."""
+
+    logprob_s: float
+    update_s: float
+
+    @staticmethod
+    def slowest(parts: Sequence["StepTimings"]) -> "StepTimings":
+        return StepTimings(logprob_s=max(p.logprob_s for p in parts), update_s=max(p.update_s for p in parts))
+
+
+@dataclass(frozen=True)
+class RankTrainResult:
+    """One rank's training step: metric sums to merge (:mod:`openrlhf_hacpo.utils.weighted`), update counts."""
+
+    metrics: WeightedState
+    skipped_updates: int
+    skipped_updates_total: int
+    updates: int
+    timings: StepTimings
+
+
+@dataclass(frozen=True)
+class TrainStepResult:
+    """A learner's training step over all its ranks: merged weighted-mean metrics and update counts.
+
+    ``skipped_updates`` counts this step's skipped (non-finite) updates, ``skipped_updates_total`` the run's;
+    ``updates`` is the number of mini-batch updates the step planned.
+    """
+
+    metrics: dict[str, float]
+    skipped_updates: int
+    skipped_updates_total: int
+    updates: int
+    timings: StepTimings
+
+    @staticmethod
+    def combine(parts: Sequence[RankTrainResult]) -> "TrainStepResult":
+        """Ranks skip together, so rank 0's counts stand for all; metrics merge, times are the slowest rank's."""
+        return TrainStepResult(
+            metrics=merge_weighted([p.metrics for p in parts]),
+            skipped_updates=parts[0].skipped_updates,
+            skipped_updates_total=parts[0].skipped_updates_total,
+            updates=parts[0].updates,
+            timings=StepTimings.slowest([p.timings for p in parts]),
+        )

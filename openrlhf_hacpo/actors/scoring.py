@@ -1,0 +1,101 @@
+"""From sampled responses to trajectories: prompt rendering and the old-log-prob recompute of own responses.
+
+The ratio denominator of the policy loss is the policy's own recompute at the rollout temperature, not the engine's
+log-probs (spec §3.c). Each prompt is rendered once per call, as ids (what the model generates from, left-truncated
+to ``prompt_max_len``) and as text (what reward functions read).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from openrlhf_hacpo.config import TrainConfig
+from openrlhf_hacpo.engines.base import GenerationOutput
+from openrlhf_hacpo.models import score_rows
+from openrlhf_hacpo.rollout import (
+    LearnerViewConfig,
+    Trajectory,
+    make_trajectory,
+    render_prompt_ids,
+    render_prompt_text,
+)
+
+__all__ = ["RenderedPrompts", "RolloutScorer", "view_config"]
+
+
+def view_config(cfg: TrainConfig) -> LearnerViewConfig:
+    """How trajectories become token rows for a learner (prompt rendering, EOS policy, truncation)."""
+    return LearnerViewConfig(
+        eos_policy=cfg.eos_policy,
+        prompt_max_len=cfg.prompt_max_len,
+        generate_max_len=cfg.generate_max_len,
+        apply_chat_template=cfg.apply_chat_template,
+        enable_thinking=cfg.enable_thinking if cfg.apply_chat_template else None,
+    )
+
+
+@dataclass(frozen=True)
+class RenderedPrompts:
+    """One agent's rendering of a prompt batch: ``ids[i]`` (left-truncated) and ``texts[i]`` of prompt i."""
+
+    ids: list[list[int]]
+    texts: list[str]
+
+    def select(self, indices: Sequence[int]) -> "RenderedPrompts":
+        return RenderedPrompts(ids=[self.ids[i] for i in indices], texts=[self.texts[i] for i in indices])
+
+
+class RolloutScorer:
+    """Renders prompts with one agent's tokenizer and turns its sampled responses into trajectories.
+
+    Args:
+        cfg: the run configuration.
+        agent_index: the agent whose responses these are (the trajectories' ``source``).
+        tokenizer: the agent's tokenizer (chat template applied).
+        eos_token_ids: the ids that end a response.
+    """
+
+    def __init__(self, cfg: TrainConfig, agent_index: int, tokenizer: Any, eos_token_ids: Sequence[int]) -> None:
+        self.cfg = cfg
+        self.agent_index = agent_index
+        self.tokenizer = tokenizer
+        self.eos_token_ids = list(eos_token_ids)
+        self.view_cfg = view_config(cfg)
+
+    def prompt_ids(self, prompts: Sequence[Any]) -> list[list[int]]:
+        """Prompt ids for generation: the agent's own rendering, left-truncated to ``prompt_max_len``."""
+        return [render_prompt_ids(r.prompt, self.tokenizer, self.view_cfg)[-self.cfg.prompt_max_len:]
+                for r in prompts]
+
+    def prompt_texts(self, prompts: Sequence[Any]) -> list[str]:
+        """The prompts as this agent's model reads them (chat template applied), e.g. for reward files."""
+        return [render_prompt_text(r.prompt, self.tokenizer, self.view_cfg) for r in prompts]
+
+    def render(self, prompts: Sequence[Any]) -> RenderedPrompts:
+        return RenderedPrompts(ids=self.prompt_ids(prompts), texts=self.prompt_texts(prompts))
+
+    def trajectories(self, model: Any, prompts: Sequence[Any], rendered: RenderedPrompts,
+                     outputs: Sequence[GenerationOutput], step: int, device: Any) -> tuple[list[Trajectory], float]:
+        """Score ``outputs`` (own responses to ``prompts``) with ``model`` in eval mode; returns the trajectories
+        and the seconds the scoring took."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        model.eval()
+        try:
+            logps = score_rows(model, [rendered.ids[o.prompt_index] for o in outputs],
+                               [list(o.response_token_ids) for o in outputs], int(self.tokenizer.pad_token_id),
+                               cfg.temperature, cfg.micro_train_batch_size, device, path=cfg.logprob_path,
+                               backend=cfg.kernel_backend)
+        finally:
+            model.train()
+        trajs = []
+        for out, logp in zip(outputs, logps):
+            record = prompts[out.prompt_index]
+            trajs.append(make_trajectory(
+                prompt_id=record.prompt_id, prompt=record.prompt, label=record.label, source=self.agent_index,
+                step=step, token_ids=out.response_token_ids, token_logps=logp, eos_token_id=self.eos_token_ids,
+                eos_policy=cfg.eos_policy, tokenizer=self.tokenizer, finish_reason=out.finish_reason,
+                metadata={"prompt_text": rendered.texts[out.prompt_index], "sample_index": out.sample_index},
+            ))
+        return trajs, time.perf_counter() - t0
