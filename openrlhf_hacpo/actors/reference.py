@@ -1,6 +1,6 @@
 """The frozen reference policy of one agent (its initial weights), for the KL term on own rows (spec §3.e).
 
-Log-probs come from :func:`openrlhf_hacpo.models.score_rows` (the fused LM-head path by default).
+Log-probs come from :func:`openrlhf_hacpo.models.score_logprobs` (the fused LM-head path by default).
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 import torch
 
-from openrlhf_hacpo.models import score_rows
+from openrlhf_hacpo.models import score_logprobs
 
 __all__ = ["ReferenceWorker", "ReferenceActor"]
 
@@ -55,11 +55,11 @@ class ReferenceWorker:
         return {"num_parameters": sum(p.numel() for p in self.model.parameters())}
 
     def compute_logprobs(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
-                         temperature: float) -> list[list[float]]:
-        """Per-token reference log-probs of each response (lists aligned with ``response_ids``)."""
+                         temperature: float) -> list[torch.Tensor]:
+        """Per-token reference log-probs of each response (float32 CPU tensors aligned with ``response_ids``)."""
         if self.model is None:
             raise RuntimeError("ReferenceWorker.setup() was not called")
-        return score_rows(self.model, prompt_ids, response_ids, self.pad_token_id, temperature,
+        return score_logprobs(self.model, prompt_ids, response_ids, self.pad_token_id, temperature,
                           self.micro_batch_size, self.device, path=self.logprob_path, backend=self.kernel_backend)
 
     def ping(self) -> bool:

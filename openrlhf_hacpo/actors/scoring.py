@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.engines.base import GenerationOutput
-from openrlhf_hacpo.models import score_rows
+from openrlhf_hacpo.models import score_logprobs
 from openrlhf_hacpo.rollout import (
     LearnerViewConfig,
     Trajectory,
@@ -83,7 +83,7 @@ class RolloutScorer:
         t0 = time.perf_counter()
         model.eval()
         try:
-            logps = score_rows(model, [rendered.ids[o.prompt_index] for o in outputs],
+            logps = score_logprobs(model, [rendered.ids[o.prompt_index] for o in outputs],
                                [list(o.response_token_ids) for o in outputs], int(self.tokenizer.pad_token_id),
                                cfg.temperature, cfg.micro_train_batch_size, device, path=cfg.logprob_path,
                                backend=cfg.kernel_backend)
@@ -94,7 +94,8 @@ class RolloutScorer:
             record = prompts[out.prompt_index]
             trajs.append(make_trajectory(
                 prompt_id=record.prompt_id, prompt=record.prompt, label=record.label, source=self.agent_index,
-                step=step, token_ids=out.response_token_ids, token_logps=logp, eos_token_id=self.eos_token_ids,
+                step=step, token_ids=out.response_token_ids, token_logps=logp.tolist(),  # stored as JSON-able lists
+                eos_token_id=self.eos_token_ids,
                 eos_policy=cfg.eos_policy, tokenizer=self.tokenizer, finish_reason=out.finish_reason,
                 metadata={"prompt_text": rendered.texts[out.prompt_index], "sample_index": out.sample_index},
             ))

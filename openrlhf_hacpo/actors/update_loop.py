@@ -30,6 +30,7 @@ from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.engines.base import derive_seed
 from openrlhf_hacpo.models import response_logprobs
 from openrlhf_hacpo.rollout import LearnerBatch, LearnerViewConfig, Trajectory, build_learner_batch
+from openrlhf_hacpo.utils.padding import pad_values
 from openrlhf_hacpo.utils.partition import split_evenly
 from openrlhf_hacpo.utils.weighted import WeightedMeans
 
@@ -115,7 +116,7 @@ class UpdateLoop:
         adv = compute_advantages(rewards, prompt_index, sources, k, ratio[k].clone(), self.cfg.algo.advantage)
         batch.set_column("advantages", adv.advantages)
         batch.set_column("coef", ratio[:, k][sources])
-        batch.set_column("row_index", range(len(batch)))
+        batch.set_column("row_index", torch.arange(len(batch)))
         return adv.advantages.float()
 
     def _plan_updates(self, batch: LearnerBatch, step: int) -> list[LearnerBatch]:
@@ -133,16 +134,16 @@ class UpdateLoop:
         """This rank's contiguous share of a global mini-batch (v1's data-parallel dispatch)."""
         return minibatch.select(split_evenly(len(minibatch), self.world_size)[self.rank])
 
-    def _reference_logprobs(self, plan: list[LearnerBatch]) -> dict[int, list[float]]:
+    def _reference_logprobs(self, plan: list[LearnerBatch]) -> dict[int, torch.Tensor]:
         """Reference log-probs of this rank's own rows (the KL term covers own rows only), by row index."""
         if self.reference is None:
             raise RuntimeError(f"agent {self.agent.name!r}: kl_coef > 0 but no reference worker is attached")
         wanted: dict[int, Any] = {}
         for minibatch in plan:
             share = self._my_share(minibatch)
-            for row, index in zip(share.rows, share.columns["row_index"]):
+            for row, index in zip(share.rows, share.columns["row_index"].tolist()):
                 if row.is_own:
-                    wanted[int(index)] = row
+                    wanted[index] = row
         indices = sorted(wanted)
         args = ([wanted[i].prompt_ids for i in indices], [wanted[i].response_ids for i in indices],
                 self.cfg.temperature)
@@ -155,7 +156,7 @@ class UpdateLoop:
         return dict(zip(indices, values))
 
     # ------------------------------------------------------------------------------------------------ one update
-    def _update(self, minibatch: LearnerBatch, m: int, step: int, ref_logp: dict[int, list[float]],
+    def _update(self, minibatch: LearnerBatch, m: int, step: int, ref_logp: dict[int, torch.Tensor],
                 stats: WeightedMeans, foreign_ratios: list[torch.Tensor]) -> tuple[float | None, float]:
         """One optimizer update on one global mini-batch (this rank's share, in micro-batches); the sequence ratios
         of its foreign rows are appended to ``foreign_ratios``.
@@ -205,7 +206,7 @@ class UpdateLoop:
             grad_norm = self._last_grad_norm
         return (float(grad_norm) if grad_norm is not None else None), lr
 
-    def micro_loss(self, micro: LearnerBatch, m: int, totals: dict[str, int], ref_logp: dict[int, list[float]]):
+    def micro_loss(self, micro: LearnerBatch, m: int, totals: dict[str, int], ref_logp: dict[int, torch.Tensor]):
         """Policy loss of one micro-batch of update ``m``: ``(loss, PolicyLossOutput)``, or ``(zero-gradient
         surrogate, None)`` when the log-probs or the loss are not finite.
 
@@ -222,12 +223,10 @@ class UpdateLoop:
         mask = padded["response_mask"]
         if bool(torch.isfinite(logp.detach()[mask > 0]).all()):
             ref = None
-            if loss_cfg.kl_coef > 0:
-                ref = torch.zeros_like(padded["old_logp"])
-                for i, (row, index) in enumerate(zip(micro.rows, micro.columns["row_index"])):
-                    if row.is_own:
-                        values = ref_logp[int(index)]
-                        ref[i, : len(values)] = torch.tensor(values, dtype=ref.dtype)
+            if loss_cfg.kl_coef > 0:  # own rows only; foreign rows and padding hold 0
+                rows = [ref_logp[index] if row.is_own else None
+                        for row, index in zip(micro.rows, micro.columns["row_index"].tolist())]
+                ref = pad_values(rows, mask.shape[1]).to(self.device)
             token_level = cfg.algo.algorithm == "grpo" or loss_cfg.ratio_level == "token"
             out = self.loss_fn(PolicyLossInput(
                 logp=logp, mask=mask, advantages=padded["advantages"], old_logp_mean=padded["old_logp_mean"],

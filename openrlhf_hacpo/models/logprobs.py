@@ -24,9 +24,10 @@ from typing import Any, Sequence
 import torch
 
 from hacpo_kernels import fused_linear_logprobs, logprobs_from_logits
+from openrlhf_hacpo.utils.padding import pack_rows
 
 __all__ = ["LOGPROB_PATHS", "ResponseLogprobs", "fused_head_unsupported", "response_logprobs", "rows_to_batch",
-           "score_rows"]
+           "score_logprobs", "score_rows"]
 
 LOGPROB_PATHS = ("fused", "logits")
 
@@ -90,7 +91,7 @@ def response_logprobs(model: Any, padded: dict[str, torch.Tensor], temperature: 
                       path: str = "fused", backend: str = "auto") -> ResponseLogprobs:
     """Log-probs at ``temperature`` of every response token of a padded batch (gradients flow when grad is on).
 
-    ``padded`` is :meth:`LearnerBatch.to_padded` output: left-padded prompts in columns [0, P), right-padded
+    ``padded`` is :func:`openrlhf_hacpo.utils.padding.pack_rows` (or :meth:`LearnerBatch.to_padded`) output: left-padded prompts in columns [0, P), right-padded
     responses in [P, P+R), explicit position ids. ``path`` is ``"fused"`` or ``"logits"`` (see the module
     docstring); ``backend`` is the kernel backend (``auto`` | ``triton`` | ``torch``).
     """
@@ -145,17 +146,30 @@ def rows_to_batch(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Se
 
 
 @torch.no_grad()
+def score_logprobs(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
+                   pad_id: int, temperature: float, micro_batch_size: int, device: Any, *, path: str = "fused",
+                   backend: str = "auto") -> list[torch.Tensor]:
+    """Per-token log-probs of each response given its prompt, in micro-batches of rows without gradient: one
+    float32 CPU tensor per row, aligned with ``response_ids`` (rows packed by
+    :func:`openrlhf_hacpo.utils.padding.pack_rows`, as the update packs them)."""
+    if len(prompt_ids) != len(response_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts for {len(response_ids)} responses")
+    for i, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
+        if not len(prompt) or not len(response):
+            raise ValueError(f"row {i} has an empty prompt or response")
+    out: list[torch.Tensor] = []
+    for start in range(0, len(prompt_ids), micro_batch_size):
+        prompts = prompt_ids[start:start + micro_batch_size]
+        responses = response_ids[start:start + micro_batch_size]
+        packed = {k: v.to(device) for k, v in pack_rows(prompts, responses, pad_id).items()}
+        logp = response_logprobs(model, packed, temperature, path=path, backend=backend).logp.float().cpu()
+        out.extend(logp[i, : len(response)].clone() for i, response in enumerate(responses))  # own storage each
+    return out
+
+
 def score_rows(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int,
                temperature: float, micro_batch_size: int, device: Any, *, path: str = "fused",
                backend: str = "auto") -> list[list[float]]:
-    """Per-token log-probs of each response given its prompt, in micro-batches without gradient."""
-    if not prompt_ids:
-        return []
-    batch = rows_to_batch(prompt_ids, response_ids)
-    out: list[list[float]] = []
-    for micro in batch.micro_batches(micro_batch_size):
-        padded = micro.to_padded(pad_id, device=device)
-        logp = response_logprobs(model, padded, temperature, path=path, backend=backend).logp.float().cpu()
-        for i, row in enumerate(micro.rows):
-            out.append(logp[i, : len(row.response_ids)].tolist())
-    return out
+    """:func:`score_logprobs` as lists of floats."""
+    return [row.tolist() for row in score_logprobs(model, prompt_ids, response_ids, pad_id, temperature,
+                                                   micro_batch_size, device, path=path, backend=backend)]

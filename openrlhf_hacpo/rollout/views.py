@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from openrlhf_hacpo.rollout.trajectory import EOS_POLICIES, Prompt, Trajectory
+from openrlhf_hacpo.utils.padding import pack_rows, pad_values
 from openrlhf_hacpo.utils.partition import split_evenly
 
 __all__ = [
@@ -134,13 +135,13 @@ class LearnerRow:
     source: int
     reward: float
     old_logp_mean: float
-    old_logp: list[float] | None  # own rows with per-token values: aligned with response_ids
+    old_logp: Any  # own rows: float32 tensor of per-token old log-probs aligned with response_ids; else None
     prompt_truncated: bool = False
     response_truncated: bool = False
     source_num_tokens: int = 0  # the response's length in its source agent's tokens (L_j)
 
 
-def _truncate(prompt_ids: list[int], response_ids: list[int], old_logp: list[float] | None, cfg: LearnerViewConfig):
+def _truncate(prompt_ids: list[int], response_ids: list[int], old_logp: Any, cfg: LearnerViewConfig):
     prompt_truncated = cfg.prompt_max_len is not None and len(prompt_ids) > cfg.prompt_max_len
     if prompt_truncated:
         prompt_ids = prompt_ids[-cfg.prompt_max_len :]
@@ -169,6 +170,8 @@ def build_learner_batch(
         eos_token_id: the learner's EOS id for foreign rows (``"keep"`` policy, empty responses); defaults to
             ``tokenizer.eos_token_id``.
     """
+    import torch
+
     cfg = cfg or LearnerViewConfig()
     trajs = list(trajs)
     learner_eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
@@ -193,7 +196,8 @@ def build_learner_batch(
         is_own = traj.source == learner
         if is_own:
             response_ids = traj.action_token_ids()
-            old_logp = traj.action_logp() or None
+            logps = traj.action_logp()
+            old_logp = torch.tensor(logps, dtype=torch.float32) if logps else None  # the JSON boundary
         else:
             response_ids = next(foreign_ids)
             old_logp = None
@@ -233,7 +237,7 @@ def _balanced_chunks(items: list[int], num: int) -> list[list[int]]:
 
 @dataclass
 class LearnerBatch:
-    """A learner's rows plus per-row float columns (e.g. ``advantages``, ``coef``) set by the trainer.
+    """A learner's rows plus per-row tensor columns (e.g. ``advantages``, ``coef``, ``row_index``) set by the trainer.
 
     Rows are shared, not copied, between a batch and the batches made from it by :meth:`select`,
     :meth:`split_minibatches` and :meth:`micro_batches`; columns are sliced with the rows.
@@ -241,27 +245,30 @@ class LearnerBatch:
 
     learner: int
     rows: list[LearnerRow]
-    columns: dict[str, list[float]] = field(default_factory=dict)
+    columns: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.rows)
 
     # -------------------------------------------------------------------------------------------- columns
     def set_column(self, name: str, values: Sequence[float] | Any) -> None:
-        """Attach one float per row (a sequence or a 1-D tensor of length ``len(self)``)."""
-        if hasattr(values, "tolist"):
-            values = values.tolist()
-        values = [float(v) for v in values]
-        if len(values) != len(self.rows):
-            raise ValueError(f"column {name!r} has {len(values)} values for {len(self.rows)} rows")
-        self.columns[name] = values
+        """Attach one value per row: a 1-D tensor of length ``len(self)`` (kept in its dtype, e.g. long row indices
+        or float64 advantages) or a sequence of floats (stored as float32)."""
+        import torch
+
+        column = values.detach().cpu() if isinstance(values, torch.Tensor) else torch.tensor(
+            [float(v) for v in values], dtype=torch.float32)
+        if column.dim() != 1 or len(column) != len(self.rows):
+            raise ValueError(f"column {name!r} has {column.numel()} values for {len(self.rows)} rows")
+        self.columns[name] = column
 
     def column(self, name: str):
+        """Column ``name`` as a float32 tensor."""
         import torch
 
         if name not in self.columns:
             raise KeyError(f"LearnerBatch has no column {name!r} (columns: {sorted(self.columns)})")
-        return torch.tensor(self.columns[name], dtype=torch.float32)
+        return self.columns[name].to(torch.float32)
 
     # -------------------------------------------------------------------------------------------- statistics
     @property
@@ -297,11 +304,14 @@ class LearnerBatch:
 
     # -------------------------------------------------------------------------------------------- splitting
     def select(self, indices: Sequence[int]) -> "LearnerBatch":
+        import torch
+
         idx = list(indices)
+        index = torch.tensor(idx, dtype=torch.long)
         return LearnerBatch(
             learner=self.learner,
             rows=[self.rows[i] for i in idx],
-            columns={k: [v[i] for i in idx] for k, v in self.columns.items()},
+            columns={k: v[index] for k, v in self.columns.items()},
         )
 
     def split_minibatches(
@@ -365,59 +375,32 @@ class LearnerBatch:
 
     # -------------------------------------------------------------------------------------------- tensors
     def to_padded(self, pad_id: int, device: Any = None) -> dict[str, Any]:
-        """Pack the rows for one causal-LM forward.
+        """Pack the rows for one causal-LM forward (:func:`openrlhf_hacpo.utils.padding.pack_rows`: left-padded
+        prompts in columns ``[0, P)``, right-padded responses in ``[P, P + R)``, ``input_ids``, ``attention_mask``,
+        ``position_ids``, ``response_ids``, ``response_mask``) plus:
 
-        Layout (P = longest prompt, R = longest response): prompts are **left**-padded into columns ``[0, P)`` and
-        responses **right**-padded into ``[P, P + R)``, so every response starts at column P:
-
-        * ``input_ids`` [B, P+R] (pads = ``pad_id``), ``attention_mask`` [B, P+R] (long), ``position_ids`` [B, P+R]
-          (count of real tokens before each position; pass it to the model, as left padding shifts positions);
-        * ``response_ids`` [B, R] = ``input_ids[:, P:]``, the labels; ``response_mask`` [B, R] float32, 1 on real
-          response tokens. The logits that predict them are ``logits[:, P-1 : P+R-1]`` with
-          ``P = input_ids.shape[1] - response_ids.shape[1]``;
         * ``old_logp`` [B, R] float32: own rows' per-token old log-probs (0 on foreign rows and padding);
           ``has_old_logp`` [B] bool;
         * per row: ``old_logp_mean`` float32, ``reward`` float32, ``is_own`` bool, ``source`` long,
-          ``prompt_index`` long (advantage group), and every column as float32.
+          ``prompt_index`` long (advantage group), and every column (float columns as float32, integer columns
+          as they are).
         """
         import torch
 
         if not self.rows:
             raise ValueError("to_padded: the batch is empty")
-        b = len(self.rows)
-        p = max(len(r.prompt_ids) for r in self.rows)
-        rlen = max(len(r.response_ids) for r in self.rows)
-        input_ids = torch.full((b, p + rlen), int(pad_id), dtype=torch.long)
-        attention_mask = torch.zeros((b, p + rlen), dtype=torch.long)
-        old_logp = torch.zeros((b, rlen), dtype=torch.float32)
-        has_old_logp = torch.zeros(b, dtype=torch.bool)
-        for i, row in enumerate(self.rows):
-            lp, lr = len(row.prompt_ids), len(row.response_ids)
-            input_ids[i, p - lp : p] = torch.tensor(row.prompt_ids, dtype=torch.long)
-            input_ids[i, p : p + lr] = torch.tensor(row.response_ids, dtype=torch.long)
-            attention_mask[i, p - lp : p + lr] = 1
-            if row.old_logp is not None:
-                old_logp[i, : len(row.old_logp)] = torch.tensor(row.old_logp, dtype=torch.float32)
-                has_old_logp[i] = True
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        out = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            "response_ids": input_ids[:, p:].clone(),
-            "response_mask": attention_mask[:, p:].to(torch.float32),
-            "old_logp": old_logp,
-            "has_old_logp": has_old_logp,
-            "old_logp_mean": torch.tensor([r.old_logp_mean for r in self.rows], dtype=torch.float32),
-            "reward": torch.tensor([r.reward for r in self.rows], dtype=torch.float32),
-            "is_own": torch.tensor([r.is_own for r in self.rows], dtype=torch.bool),
-            "source": torch.tensor([r.source for r in self.rows], dtype=torch.long),
-            "prompt_index": torch.tensor(self.prompt_index(), dtype=torch.long),
-        }
+        out = pack_rows([r.prompt_ids for r in self.rows], [r.response_ids for r in self.rows], pad_id)
+        out["old_logp"] = pad_values([r.old_logp for r in self.rows], out["response_ids"].shape[1])
+        out["has_old_logp"] = torch.tensor([r.old_logp is not None for r in self.rows], dtype=torch.bool)
+        out["old_logp_mean"] = torch.tensor([r.old_logp_mean for r in self.rows], dtype=torch.float32)
+        out["reward"] = torch.tensor([r.reward for r in self.rows], dtype=torch.float32)
+        out["is_own"] = torch.tensor([r.is_own for r in self.rows], dtype=torch.bool)
+        out["source"] = torch.tensor([r.source for r in self.rows], dtype=torch.long)
+        out["prompt_index"] = torch.tensor(self.prompt_index(), dtype=torch.long)
         for name, values in self.columns.items():
             if name in out:
                 raise ValueError(f"column {name!r} clashes with a built-in tensor of to_padded")
-            out[name] = torch.tensor(values, dtype=torch.float32)
+            out[name] = values.to(torch.float32) if values.is_floating_point() else values.clone()
         if device is not None:
             out = {k: v.to(device) for k, v in out.items()}
         return out

@@ -76,7 +76,7 @@ def loop():
 
 
 @torch.no_grad()
-def reference(model: torch.nn.Module, temperature: float) -> tuple[list[float], dict[int, list[float]], float]:
+def reference(model: torch.nn.Module, temperature: float) -> tuple[list[float], dict[int, torch.Tensor], float]:
     """Float64 forward of each unpadded row at ``temperature``: each row's mean response log-prob, its per-token
     log-probs by row index (a reference policy equal to the current one: KL 0) and the mean entropy over all
     response tokens."""
@@ -88,7 +88,7 @@ def reference(model: torch.nn.Module, temperature: float) -> tuple[list[float], 
         logp = torch.log_softmax(logits, dim=-1)
         chosen = logp[torch.arange(len(response)), torch.tensor(response)]
         means.append(float(chosen.mean()))
-        tokens[i] = chosen.tolist()
+        tokens[i] = chosen.float()
         entropies += (-(logp.exp() * logp).sum(-1)).tolist()
     return means, tokens, sum(entropies) / len(entropies)
 
@@ -105,7 +105,7 @@ def batch(old_means: list[float]) -> LearnerBatch:
     out = LearnerBatch(learner=0, rows=rows)
     out.set_column("advantages", [ADVANTAGE] * len(rows))
     out.set_column("coef", [1.0] * len(rows))
-    out.set_column("row_index", range(len(rows)))
+    out.set_column("row_index", torch.arange(len(rows)))
     return out
 
 
@@ -129,7 +129,7 @@ def test_a_nan_loss_gives_a_zero_surrogate_with_zero_gradient(loop):
     loop.loss_fn = lambda inp, cfg, **kw: dataclasses.replace(loss_fn(inp, cfg, **kw), loss=torch.tensor(float("nan")))
     _, ref, _ = reference(loop.engine.module, loop.cfg.temperature)
     loss, out = loop.micro_loss(batch([-2.0, -2.0]), 0, TOTALS, ref)
-    assert out is None and float(loss) == 0.0
+    assert out is None and float(loss.detach()) == 0.0
     loss.backward()
     grads = [p.grad for p in loop.engine.module.parameters() if p.grad is not None]
     assert grads and all(float(g.abs().max()) == 0.0 for g in grads)

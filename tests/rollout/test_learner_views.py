@@ -42,7 +42,7 @@ def test_own_row_drop_removes_eos_and_its_logp():
     row = build_learner_batch([t], CHAR, c).rows[0]
     assert row.is_own
     assert row.response_ids == enc(c, "ab")
-    assert row.old_logp == [-0.5, -1.0]
+    assert row.old_logp.tolist() == [-0.5, -1.0]
     assert row.old_logp_mean == pytest.approx(-0.75)
 
 
@@ -51,7 +51,7 @@ def test_own_row_keep_retains_eos():
     t = traj(c, CHAR, "ab", logps=[-0.5, -1.0, -0.25], policy="keep")
     row = build_learner_batch([t], CHAR, c, LearnerViewConfig(eos_policy="keep")).rows[0]
     assert row.response_ids == enc(c, "ab") + [c.eos_token_id]
-    assert row.old_logp == [-0.5, -1.0, -0.25]
+    assert row.old_logp.tolist() == [-0.5, -1.0, -0.25]
     assert row.old_logp_mean == pytest.approx(-1.75 / 3)
 
 
@@ -164,7 +164,7 @@ def test_truncation_flags_fraction_and_logp_mean():
     assert len(r0.prompt_ids) == 10 and r0.prompt_truncated
     assert c.decode(r0.prompt_ids) == " is 2+3?</s><|assistant|>"
     assert r0.response_ids == enc(c, "abcd") and r0.response_truncated
-    assert r0.old_logp == [-1.0] * 4
+    assert r0.old_logp.tolist() == [-1.0] * 4
     assert r0.old_logp_mean == pytest.approx(-1.0)  # still over the full source response (7 tokens)
     # <s> <|user|> h </s> <|assistant|> = 5 tokens: untouched
     assert c.decode(r1.prompt_ids) == "<s><|user|>h</s><|assistant|>" and not r1.prompt_truncated
