@@ -104,9 +104,6 @@ class PolicyWorker:
         """Handle of this agent's reference worker (a Ray actor handle or a plain :class:`ReferenceWorker`)."""
         self.updater.reference = reference
 
-    def ping(self) -> bool:
-        return True
-
     # ------------------------------------------------------------------------------------------------ rollout
     def render_prompts(self, prompts: Sequence[Any]) -> list[list[int]]:
         """Prompt ids for generation: the agent's own rendering, left-truncated to ``prompt_max_len``."""

@@ -60,10 +60,7 @@ class ReferenceWorker:
         if self.model is None:
             raise RuntimeError("ReferenceWorker.setup() was not called")
         return score_logprobs(self.model, prompt_ids, response_ids, self.pad_token_id, temperature,
-                          self.micro_batch_size, self.device, path=self.logprob_path, backend=self.kernel_backend)
-
-    def ping(self) -> bool:
-        return True
+                              self.micro_batch_size, self.device, path=self.logprob_path, backend=self.kernel_backend)
 
 
 def _remote_class():
