@@ -48,7 +48,7 @@ class AgentGroup:
         self.use_gpu = use_gpu
         self.use_ray = cfg.use_ray
         self.timeout_s: float | None = cfg.step_timeout
-        self.needs_reference = cfg.algo.loss.kl_coef > 0
+        self.needs_reference = cfg.algo.loss.uses_kl
         self.policies: list[Any] = []
         self.reference: Any = None
         self.engines: list[Any] = []

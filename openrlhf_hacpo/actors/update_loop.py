@@ -76,7 +76,7 @@ class UpdateLoop:
         plan = self._plan_updates(batch, step)
 
         t_ref = time.perf_counter()
-        ref_logp = self._reference_logprobs(plan) if self.cfg.algo.loss.kl_coef > 0 else {}
+        ref_logp = self._reference_logprobs(plan) if self.cfg.algo.loss.uses_kl else {}
         logprob_s = time.perf_counter() - t_ref
 
         skipped_before = self.skipped_updates
@@ -223,11 +223,11 @@ class UpdateLoop:
         mask = padded["response_mask"]
         if bool(torch.isfinite(logp.detach()[mask > 0]).all()):
             ref = None
-            if loss_cfg.kl_coef > 0:  # own rows only; foreign rows and padding hold 0
+            if loss_cfg.uses_kl:  # own rows only; foreign rows and padding hold 0
                 rows = [ref_logp[index] if row.is_own else None
                         for row, index in zip(micro.rows, micro.columns["row_index"].tolist())]
                 ref = pad_values(rows, mask.shape[1]).to(self.device)
-            token_level = cfg.algo.algorithm == "grpo" or loss_cfg.ratio_level == "token"
+            token_level = cfg.algo.token_level_ratios
             out = self.loss_fn(PolicyLossInput(
                 logp=logp, mask=mask, advantages=padded["advantages"], old_logp_mean=padded["old_logp_mean"],
                 is_own=padded["is_own"], coef=padded["coef"], update_index=m,

@@ -240,7 +240,7 @@ def _policy_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, name: str, backend
             f"policy loss {name!r} with token-level ratios needs PolicyLossInput.old_logp [B, T] on the "
             "learner's tokens; foreign rows only carry the source's sequence mean (use ratio_level='sequence')"
         )
-    if cfg.kl_coef > 0 and inp.ref_logp is None:
+    if cfg.uses_kl and inp.ref_logp is None:
         raise ValueError(f"policy loss {name!r}: kl_coef = {cfg.kl_coef} > 0 needs PolicyLossInput.ref_logp")
     lower = cfg.cross_lower_bound(inp.update_index)
     device, dtype = batch.logp.device, batch.logp.dtype
