@@ -1,8 +1,8 @@
 """Everything one agent is, behind one handle: its policy workers, its reference worker and its rollout engines.
 
 The controller talks to an agent only through its :class:`AgentGroup`. With Ray (the default) the workers are
-actors: ``dp_size`` :class:`~openrlhf_hacpo.actors.policy.PolicyActor` ranks forming the agent's own
-``torch.distributed`` group, an optional :class:`~openrlhf_hacpo.actors.reference.ReferenceActor` (when the KL
+actors: ``dp_size`` :class:`~openrlhf_hacpo.actors.policy.PolicyWorker` ranks (Ray actors) forming the agent's own
+``torch.distributed`` group, an optional :class:`~openrlhf_hacpo.actors.reference.ReferenceWorker` (when the KL
 coefficient is positive) and, for the ``vllm`` backend, ``vllm_num_engines`` vLLM engine actors. Without Ray
 (``use_ray=False``) one plain :class:`~openrlhf_hacpo.actors.policy.PolicyWorker` runs in the driver process.
 
@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 from openrlhf_hacpo.actors.pending import AgentPhaseTimeout, AgentWorkerDied, Pending, is_actor_death
+from openrlhf_hacpo.actors.policy import PolicyWorker
 from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult, WorkerInfo
 from openrlhf_hacpo.actors.sharding import reindex, shard_sampling, split_shards
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
@@ -89,8 +90,8 @@ class AgentGroup:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from openrlhf_hacpo.actors.policy import PolicyActor
-        from openrlhf_hacpo.actors.reference import ReferenceActor
+        from openrlhf_hacpo.actors.policy import policy_actor_class
+        from openrlhf_hacpo.actors.reference import reference_actor_class
         from openrlhf_hacpo.engines.placement import wait_placement_group
 
         dp = self.agent.dp_size
@@ -113,13 +114,14 @@ class AgentGroup:
             ref_options = {"num_cpus": 0, "num_gpus": 1.0 / shares, "scheduling_strategy":
                            PlacementGroupSchedulingStrategy(placement_group=self._placement_group,
                                                             placement_group_bundle_index=0)}
-        self.policies = [PolicyActor.options(num_cpus=0, num_gpus=policy_gpus, **strategies[r]).remote(
+        self.policies = [policy_actor_class().options(num_cpus=0, num_gpus=policy_gpus, **strategies[r]).remote(
             self.cfg, self.index, r, dp, None, None, self.total_updates) for r in range(dp)]
-        addr, port = (self._call(self.policies[:1], "get_master_addr_port", [()], "policy", lambda v: v[0]).result()
+        addr, port = (self._call(self.policies[:1], PolicyWorker.get_master_addr_port, [()], "policy",
+                                 lambda v: v[0]).result()
                       if dp > 1 else (None, None))
         refs = [p.setup.remote(addr, port) for p in self.policies]
         if self.needs_reference:
-            self.reference = ReferenceActor.options(**ref_options).remote(
+            self.reference = reference_actor_class().options(**ref_options).remote(
                 self.agent.pretrain, bf16=self.agent.bf16, attn_implementation=self.agent.attn_implementation,
                 pad_token_id=0, micro_batch_size=self.cfg.micro_train_batch_size,
                 logprob_path=self.cfg.logprob_path, kernel_backend=self.cfg.kernel_backend)
@@ -132,7 +134,7 @@ class AgentGroup:
 
         def combine(values: list[Any]) -> list[WorkerInfo]:
             if self.reference is not None:
-                self._call(self.policies, "set_reference", [(self.reference,)] * n_policy, "policy",
+                self._call(self.policies, PolicyWorker.set_reference, [(self.reference,)] * n_policy, "policy",
                            lambda v: v).result()
             if self.cfg.rollout_backend == "vllm" and engines_after_policies:
                 self._create_engines()
@@ -167,7 +169,7 @@ class AgentGroup:
             name_prefix=None, **kwargs)
         self._engines_sleep = settings.enable_sleep_mode
         if self._engines_sleep:
-            self._engines_call("sleep")
+            self._engines_call(_engine_class().sleep)
 
     def _cpu_core_binds(self) -> list[str]:
         """This agent's share of the host's cores for its CPU engines: every engine of every agent gets its own
@@ -181,38 +183,42 @@ class AgentGroup:
         offset = sum(counts[:self.index])
         return binds[offset:offset + counts[self.index]]
 
-    def _engines_call(self, method: str) -> None:
+    def _engines_call(self, method: Callable[..., Any]) -> None:
         self._call(self.engines, method, [()] * len(self.engines), "vLLM engine", lambda v: v).result()
 
     def _wake_engines(self) -> None:
         """Sleep mode: engines hold GPU memory only from a weight sync or a generation to the end of the next
         generation."""
         if self._engines_sleep and not self._engines_awake:
-            self._engines_call("wake_up")
+            self._engines_call(_engine_class().wake_up)
             self._engines_awake = True
 
     def _sleep_engines(self) -> None:
         if self._engines_sleep and self._engines_awake:
-            self._engines_call("sleep")
+            self._engines_call(_engine_class().sleep)
             self._engines_awake = False
 
     # ------------------------------------------------------------------------------------------------ calls
-    def _call(self, workers: Sequence[Any], method: str, args_per_worker: Sequence[tuple], role: str,
+    def _call(self, workers: Sequence[Any], method: Callable[..., Any], args_per_worker: Sequence[tuple], role: str,
               combine: Callable[[list[Any]], Any], kwargs_per_worker: Sequence[dict] | None = None) -> Pending:
+        """Call ``method`` (a method of the workers' class, e.g. ``PolicyWorker.train_step``) on every worker: in
+        this process for plain objects, as a Ray call on actor handles."""
+        name = method.__name__
         kwargs_per_worker = kwargs_per_worker or [{} for _ in workers]
         if not self.use_ray:
-            values = [getattr(w, method)(*a, **kw) for w, a, kw in zip(workers, args_per_worker, kwargs_per_worker)]
+            values = [getattr(w, name)(*a, **kw) for w, a, kw in zip(workers, args_per_worker, kwargs_per_worker)]
             return Pending(self, role, values, combine, remote=False)
         try:
-            refs = [getattr(w, method).remote(*a, **kw)
+            refs = [getattr(w, name).remote(*a, **kw)
                     for w, a, kw in zip(workers, args_per_worker, kwargs_per_worker)]
         except Exception as err:
             if is_actor_death(err):
                 raise AgentWorkerDied(self.name, role, str(err).splitlines()[0]) from err
             raise
-        return Pending(self, role, refs, combine, remote=True, method=method)
+        return Pending(self, role, refs, combine, remote=True, method=name)
 
-    def _all_policies(self, method: str, *args: Any, combine: Callable[[list[Any]], Any] = lambda v: v[0]) -> Pending:
+    def _all_policies(self, method: Callable[..., Any], *args: Any,
+                      combine: Callable[[list[Any]], Any] = lambda v: v[0]) -> Pending:
         return self._call(self.policies, method, [args] * len(self.policies), "policy", combine)
 
     def rollout(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> Pending:
@@ -222,7 +228,7 @@ class AgentGroup:
             return self._rollout_vllm(prompts, sampling, step)
         shards = split_shards(prompts, len(self.policies))
         args = [(shard, shard_sampling(sampling, rank), step) for rank, shard in enumerate(shards)]
-        return self._call(self.policies, "rollout", args, "policy", RolloutResult.combine)
+        return self._call(self.policies, PolicyWorker.rollout, args, "policy", RolloutResult.combine)
 
     def _rollout_vllm(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> Pending:
         """Rank 0 renders the prompts once; the engines sample and every policy rank scores its prompts' responses.
@@ -232,12 +238,13 @@ class AgentGroup:
         agents' phases overlap however the driver waits. ``generate_s`` is measured to the end of generation.
         """
         t0 = time.perf_counter()
-        rendered = self._call(self.policies[:1], "render", [(list(prompts),)], "policy", lambda v: v[0]).result()
+        rendered = self._call(self.policies[:1], PolicyWorker.render, [(list(prompts),)], "policy",
+                              lambda v: v[0]).result()
         indices = list(range(len(prompts)))
         self._wake_engines()
         engine_shards = [s for s in split_shards(indices, len(self.engines)) if s]
         engines = self.engines[:len(engine_shards)]
-        generation = self._call(engines, "generate",
+        generation = self._call(engines, _engine_class().generate,
                                 [([rendered.ids[i] for i in shard], shard_sampling(sampling, e))
                                  for e, shard in enumerate(engine_shards)], "vLLM engine",
                                 lambda outputs: time.perf_counter() - t0)
@@ -247,7 +254,7 @@ class AgentGroup:
         shards = split_shards(indices, len(self.policies))
         args = [([prompts[i] for i in shard], rendered.select(shard), shard, engine_shards, step, *outputs)
                 for shard in shards]
-        scoring = self._call(self.policies, "score_engine_outputs", args, "policy", RolloutResult.combine)
+        scoring = self._call(self.policies, PolicyWorker.score_engine_outputs, args, "policy", RolloutResult.combine)
 
         def combine(parts: list[RolloutResult], generate_s: float) -> RolloutResult:
             return replace(scoring.combine(parts), generate_s=generate_s)
@@ -271,11 +278,11 @@ class AgentGroup:
             self._wake_engines()
             shards = split_shards(list(range(len(prompts))), len(self.engines))
             args = [([prompt_ids[i] for i in shard], shard_sampling(sampling, e)) for e, shard in enumerate(shards)]
-            workers, role = self.engines, "vLLM engine"
+            workers, role, method = self.engines, "vLLM engine", _engine_class().generate
         else:
             shards = split_shards(list(range(len(prompts))), len(self.policies))
             args = [([prompts[i] for i in shard], shard_sampling(sampling, r)) for r, shard in enumerate(shards)]
-            workers, role = self.policies, "policy"
+            workers, role, method = self.policies, "policy", PolicyWorker.generate
 
         def combine(parts: list[list[GenerationOutput]]) -> list[GenerationOutput]:
             if self.cfg.rollout_backend == "vllm":
@@ -287,16 +294,16 @@ class AgentGroup:
 
         live = [(w, a, s) for w, a, s in zip(workers, args, shards) if s]
         shards = [s for _, _, s in live]
-        return self._call([w for w, _, _ in live], "generate", [a for _, a, _ in live], role, combine)
+        return self._call([w for w, _, _ in live], method, [a for _, a, _ in live], role, combine)
 
     def render_prompts(self, prompts: Sequence[Any]) -> list[list[int]]:
         """Prompt ids as this agent generates from them (its chat template, left-truncated)."""
-        return self._call(self.policies[:1], "render_prompts", [(list(prompts),)], "policy",
+        return self._call(self.policies[:1], PolicyWorker.render_prompts, [(list(prompts),)], "policy",
                           lambda v: v[0]).result()
 
     def render_prompt_texts(self, prompts: Sequence[Any]) -> list[str]:
         """Prompt texts as this agent's model reads them."""
-        return self._call(self.policies[:1], "render_prompt_texts", [(list(prompts),)], "policy",
+        return self._call(self.policies[:1], PolicyWorker.render_prompt_texts, [(list(prompts),)], "policy",
                           lambda v: v[0]).result()
 
     def train_step(self, trajectories: Any, step: int, ratio_matrix: list[list[float]]) -> Pending:
@@ -306,7 +313,8 @@ class AgentGroup:
             import ray
 
             trajectories = ray.put(list(trajectories))  # one copy for all ranks
-        return self._all_policies("train_step", trajectories, step, ratio_matrix, combine=TrainStepResult.combine)
+        return self._all_policies(PolicyWorker.train_step, trajectories, step, ratio_matrix,
+                                  combine=TrainStepResult.combine)
 
     def sync_weights(self) -> float:
         """Copy the policy's weights into the agent's vLLM engines; returns seconds spent (0 without engines).
@@ -320,10 +328,10 @@ class AgentGroup:
         self._wake_engines()
         mode = self.weight_sync_mode()
         if mode == "broadcast" and not self._broadcast_ready:
-            self._call(self.policies[:1], "init_engine_weight_sync", [(self.engines,)], "policy",
+            self._call(self.policies[:1], PolicyWorker.init_engine_weight_sync, [(self.engines,)], "policy",
                        lambda v: v[0]).result()
             self._broadcast_ready = True
-        self._all_policies("sync_weights_to_engines", self.engines, mode).result()
+        self._all_policies(PolicyWorker.sync_weights_to_engines, self.engines, mode).result()
         return time.perf_counter() - t0
 
     def weight_sync_mode(self) -> str:
@@ -338,16 +346,16 @@ class AgentGroup:
 
     def weights(self) -> dict[str, Any]:
         """The policy's full weights by HF name, on CPU."""
-        return self._all_policies("state_dict_for_sync").result()
+        return self._all_policies(PolicyWorker.state_dict_for_sync).result()
 
     def save_hf(self, path: str) -> Pending:
-        return self._all_policies("save_hf", path)
+        return self._all_policies(PolicyWorker.save_hf, path)
 
     def save_checkpoint(self, path: str) -> Pending:
-        return self._all_policies("save_checkpoint", path)
+        return self._all_policies(PolicyWorker.save_checkpoint, path)
 
     def load_checkpoint(self, path: str) -> Pending:
-        return self._all_policies("load_checkpoint", path)
+        return self._all_policies(PolicyWorker.load_checkpoint, path)
 
     def shutdown(self) -> None:
         """Kill this agent's actors (a no-op without Ray)."""
@@ -371,3 +379,10 @@ class AgentGroup:
 def _first_of(value: Any, *_: Any) -> Any:
     """``value``, once the other arguments (Ray object references) are ready too."""
     return value
+
+
+def _engine_class():
+    """The vLLM engine's class (its module imports Ray and is loaded only when an agent has engines)."""
+    from openrlhf_hacpo.engines.vllm_engine import VLLMEngine
+
+    return VLLMEngine

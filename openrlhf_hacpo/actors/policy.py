@@ -13,6 +13,8 @@ Each agent's ranks form their own ``torch.distributed`` group, so agents never s
 """
 from __future__ import annotations
 
+import functools
+
 import time
 from typing import Any, Sequence
 
@@ -180,10 +182,9 @@ class PolicyWorker:
         return {"updates_done": self.updater.updates_done, "skipped_updates": self.updater.skipped_updates}
 
 
-def _remote_class():
+@functools.cache
+def policy_actor_class():
+    """``ray.remote(PolicyWorker)``, made on first use (importing this module does not import Ray)."""
     import ray
 
     return ray.remote(PolicyWorker)
-
-
-PolicyActor = _remote_class()

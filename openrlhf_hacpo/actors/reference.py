@@ -4,13 +4,15 @@ Log-probs come from :func:`openrlhf_hacpo.models.score_logprobs` (the fused LM-h
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Sequence
 
 import torch
 
 from openrlhf_hacpo.models import score_logprobs
 
-__all__ = ["ReferenceWorker", "ReferenceActor"]
+__all__ = ["ReferenceWorker", "reference_actor_class"]
 
 
 class ReferenceWorker:
@@ -63,10 +65,9 @@ class ReferenceWorker:
                               self.micro_batch_size, self.device, path=self.logprob_path, backend=self.kernel_backend)
 
 
-def _remote_class():
+@functools.cache
+def reference_actor_class():
+    """``ray.remote(ReferenceWorker)``, made on first use (importing this module does not import Ray)."""
     import ray
 
     return ray.remote(ReferenceWorker)
-
-
-ReferenceActor = _remote_class()

@@ -32,6 +32,7 @@ def test_a_stopped_worker_hits_the_phase_timeout(tmp_path):
     naming the agent, the phase and the last checkpoint."""
     ray = pytest.importorskip("ray")
     from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.actors.policy import PolicyWorker
     from openrlhf_hacpo.cli.train_hacpo import build_config
     from openrlhf_hacpo.trainer.controller import HACPOController, TrainingError
 
@@ -60,7 +61,7 @@ def test_a_stopped_worker_hits_the_phase_timeout(tmp_path):
         controller.last_checkpoint = tmp_path / "checkpoints" / "global_step4"
         start = time.monotonic()
         with pytest.raises(TrainingError) as info:
-            controller._guard(lambda: group._all_policies("train_step", 0.1).result(), "step 5")
+            controller._guard(lambda: group._all_policies(PolicyWorker.train_step, 0.1).result(), "step 5")
         waited = time.monotonic() - start
         message = str(info.value)
         assert "step 5 failed: the policy of agent 'llama' did not finish update within 3 s" in message
@@ -75,6 +76,7 @@ def test_a_stopped_worker_hits_the_phase_timeout(tmp_path):
 
 def test_phase_timeout_is_the_step_timeout_flag():
     from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.actors.policy import PolicyWorker
     from openrlhf_hacpo.cli.train_hacpo import build_config
 
     flags = ["--agent", "name=a,pretrain=/m", "--prompt_data", "x.jsonl", "--n_samples_per_prompt", "2",
