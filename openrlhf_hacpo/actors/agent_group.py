@@ -19,6 +19,8 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
+import torch
+
 from openrlhf_hacpo.actors.pending import AgentPhaseTimeout, AgentWorkerDied, Pending, is_actor_death
 from openrlhf_hacpo.actors.policy import PolicyWorker
 from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult, WorkerInfo
@@ -306,7 +308,7 @@ class AgentGroup:
         return self._call(self.policies[:1], PolicyWorker.render_prompt_texts, [(list(prompts),)], "policy",
                           lambda v: v[0]).result()
 
-    def train_step(self, trajectories: Any, step: int, ratio_matrix: list[list[float]]) -> Pending:
+    def train_step(self, trajectories: Any, step: int, ratio_matrix: torch.Tensor) -> Pending:
         """Start this learner's update on the step's trajectories (a list, or a Ray object reference to one shared by
         every learner); the result is a :class:`TrainStepResult` merging every rank's metrics."""
         if self.use_ray and isinstance(trajectories, (list, tuple)):

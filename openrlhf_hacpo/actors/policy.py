@@ -149,7 +149,7 @@ class PolicyWorker:
 
     # ------------------------------------------------------------------------------------------------ training
     def train_step(self, trajectories: Sequence[Trajectory], step: int,
-                   ratio_matrix: Sequence[Sequence[float]]) -> RankTrainResult:
+                   ratio_matrix: torch.Tensor) -> RankTrainResult:
         """Update the policy on one step's trajectories (see :meth:`UpdateLoop.train_step`)."""
         return self.updater.train_step(trajectories, step, ratio_matrix)
 

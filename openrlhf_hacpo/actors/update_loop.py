@@ -62,7 +62,7 @@ class UpdateLoop:
 
     # ------------------------------------------------------------------------------------------------ the step
     def train_step(self, trajectories: Sequence[Trajectory], step: int,
-                   ratio_matrix: Sequence[Sequence[float]]) -> RankTrainResult:
+                   ratio_matrix: torch.Tensor) -> RankTrainResult:
         """Update the policy on one step's trajectories (every agent's, verified).
 
         ``ratio_matrix`` is R[a][b] = clip(P̂_a / P̂_b) from the capability tracker (pre-update, shared by
@@ -70,7 +70,7 @@ class UpdateLoop:
         """
         t_start = time.perf_counter()
         batch = self.learner_batch(trajectories)
-        advantages = self._attach_advantages(batch, torch.tensor(ratio_matrix, dtype=torch.float64))
+        advantages = self._attach_advantages(batch, torch.as_tensor(ratio_matrix, dtype=torch.float64))
         stats = WeightedMeans()
         record_view_stats(batch, advantages, stats, [a.name for a in self.cfg.resolved_agents()])
         plan = self._plan_updates(batch, step)

@@ -286,7 +286,7 @@ class HACPOController:
             import ray
 
             shared = ray.put(trajectories)  # one copy in the object store for every learner
-        trained: list[TrainStepResult] = wait_all([g.train_step(shared, step, ratio.tolist()) for g in self.groups])
+        trained: list[TrainStepResult] = wait_all([g.train_step(shared, step, ratio) for g in self.groups])
         train_s = time.perf_counter() - t0
 
         # 5) weight sync to the rollout engines
