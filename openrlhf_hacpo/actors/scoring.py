@@ -13,13 +13,8 @@ from typing import Any, Sequence
 from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.engines.base import GenerationOutput
 from openrlhf_hacpo.models import score_logprobs
-from openrlhf_hacpo.rollout import (
-    LearnerViewConfig,
-    Trajectory,
-    make_trajectory,
-    render_prompt_ids,
-    render_prompt_text,
-)
+from openrlhf_hacpo.rollout import LearnerViewConfig, Trajectory, make_trajectory, render_prompt_ids, render_prompt_text
+from openrlhf_hacpo.rollout.views import encode_prompt_text
 
 __all__ = ["RenderedPrompts", "RolloutScorer", "view_config"]
 
@@ -73,7 +68,10 @@ class RolloutScorer:
         return [render_prompt_text(r.prompt, self.tokenizer, self.view_cfg) for r in prompts]
 
     def render(self, prompts: Sequence[Any]) -> RenderedPrompts:
-        return RenderedPrompts(ids=self.prompt_ids(prompts), texts=self.prompt_texts(prompts))
+        """Each prompt's text (chat template applied once) and its ids for generation (left-truncated)."""
+        texts = self.prompt_texts(prompts)
+        ids = [encode_prompt_text(t, self.tokenizer, self.view_cfg)[-self.cfg.prompt_max_len:] for t in texts]
+        return RenderedPrompts(ids=ids, texts=texts)
 
     def trajectories(self, model: Any, prompts: Sequence[Any], rendered: RenderedPrompts,
                      outputs: Sequence[GenerationOutput], step: int, device: Any) -> tuple[list[Trajectory], float]:

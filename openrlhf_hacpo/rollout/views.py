@@ -41,6 +41,7 @@ __all__ = [
     "MINIBATCH_ORDERS",
     "build_learner_batch",
     "build_learner_rows",
+    "encode_prompt_text",
     "encode_response",
     "render_prompt_ids",
     "render_prompt_text",
@@ -107,7 +108,11 @@ def render_prompt_ids(prompt: Prompt, tokenizer: Any, cfg: LearnerViewConfig) ->
     Chat-template text is encoded with ``add_special_tokens=False`` (the template owns BOS); a raw-text prompt
     without a template is encoded with the tokenizer's special tokens, as ``tokenizer(text)`` would.
     """
-    text = render_prompt_text(prompt, tokenizer, cfg)
+    return encode_prompt_text(render_prompt_text(prompt, tokenizer, cfg), tokenizer, cfg)
+
+
+def encode_prompt_text(text: str, tokenizer: Any, cfg: LearnerViewConfig) -> list[int]:
+    """Token ids of a prompt already rendered by :func:`render_prompt_text` (see :func:`render_prompt_ids`)."""
     return _input_ids(tokenizer(text, add_special_tokens=not cfg.apply_chat_template))
 
 
