@@ -91,8 +91,8 @@ def response_logprobs(model: Any, padded: dict[str, torch.Tensor], temperature: 
                       path: str = "fused", backend: str = "auto") -> ResponseLogprobs:
     """Log-probs at ``temperature`` of every response token of a padded batch (gradients flow when grad is on).
 
-    ``padded`` is :func:`openrlhf_hacpo.utils.padding.pack_rows` (or :meth:`LearnerBatch.to_padded`) output: left-padded prompts in columns [0, P), right-padded
-    responses in [P, P+R), explicit position ids. ``path`` is ``"fused"`` or ``"logits"`` (see the module
+    ``padded`` is :func:`openrlhf_hacpo.utils.padding.pack_rows` (or :meth:`LearnerBatch.to_padded`) output:
+    left-padded prompts in columns [0, P), right-padded responses in [P, P+R), explicit position ids. ``path`` is ``"fused"`` or ``"logits"`` (see the module
     docstring); ``backend`` is the kernel backend (``auto`` | ``triton`` | ``torch``).
     """
     if path not in LOGPROB_PATHS:
