@@ -3,10 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-PARITY_REWARD = '''
-def reward_func(queries, prompts, labels):
-    return [float((len(q) - len(p)) % 2 == 0) for q, p in zip(queries, prompts)]
-'''
 ZERO_REWARD = '''
 def reward_func(queries, prompts, labels):
     return [0.0 for _ in queries]

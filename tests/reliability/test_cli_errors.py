@@ -21,8 +21,9 @@ def test_missing_prompt_file_is_one_line(tmp_path, run_args, capsys):
     assert f"prompt file {tmp_path / 'absent.jsonl'} does not exist" in _one_line_error(capsys)
 
 
-def test_agents_yaml_type_error_is_one_line(tmp_path, run_args, capsys, tiny_llama):
-    agents = write_file(tmp_path, "agents.yaml", f"- name: llama\n  pretrain: {tiny_llama}\n  dp_size: many\n")
+def test_agents_yaml_type_error_is_one_line(tmp_path, run_args, capsys, tiny_agents):
+    agents = write_file(tmp_path, "agents.yaml",
+                        f"- name: llama\n  pretrain: {tiny_agents['llama']}\n  dp_size: many\n")
     args = [a for a in run_args(tmp_path / "run") if not a.startswith(("--agent", "name=llama"))]
     assert main([*args, "--agents_config", agents]) == 2
     line = _one_line_error(capsys)

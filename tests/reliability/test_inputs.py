@@ -91,9 +91,9 @@ def _controller(args) -> HACPOController:
     return HACPOController(build_config(args))
 
 
-def test_chat_prompts_without_chat_template_fail_before_workers(tmp_path, run_args, chat_prompts):
+def test_chat_prompts_without_chat_template_fail_before_workers(tmp_path, run_args, prompt_file):
     args = [a for a in run_args(tmp_path) if a != "--apply_chat_template"]
-    with pytest.raises(ValueError, match=rf"{chat_prompts}: record 0 \(prompt_id 'p0'\) is a list of chat messages"
+    with pytest.raises(ValueError, match=rf"{prompt_file}: record 0 \(prompt_id 'p0'\) is a list of chat messages"
                                          r".*--apply_chat_template"):
         _controller(args).preflight()
 

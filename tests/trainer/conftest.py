@@ -1,15 +1,7 @@
-"""Tiny heterogeneous agents and prompt data for the trainer tests (built in a temp folder; no downloads).
-
-* ``llama``: Llama architecture with the zoo's character tokenizer (``<s>`` + message + ``"\\nA: "`` template).
-* ``qwen``: Qwen3 architecture with the zoo's byte-level BPE tokenizer (ChatML template).
-* ``llama2``: a second Llama with other initial weights (three-agent runs).
-
-Rewards come from a reward file (OpenRLHF style) that scores a response by the parity of its length, so random
-models get mixed rewards and non-zero advantages.
-"""
+"""Flags of a tiny trainer run and a Ray cluster per module; the agents, prompts and reward file are the
+session fixtures of ``tests/conftest.py``."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -19,56 +11,6 @@ REPO = Path(__file__).resolve().parents[2]
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-
-REWARD_FILE = '''
-def reward_func(queries, prompts, labels):
-    """1.0 when the response (query minus prompt) has an even number of characters."""
-    return [float((len(q) - len(p)) % 2 == 0) for q, p in zip(queries, prompts)]
-'''
-
-
-def _save_agent(root: Path, name: str, family: str, tokenizer_kind: str, seed: int) -> str:
-    from openrlhf_hacpo.zoo.models import ModelSpec, build_model
-    from openrlhf_hacpo.zoo.tokenizers import build_tokenizer
-
-    tokenizer = build_tokenizer(tokenizer_kind)
-    # head_dim 32: vLLM's CPU attention supports head sizes >= 32
-    spec = ModelSpec(family=family, hidden_size=32, num_layers=2, num_heads=2, head_dim=32, num_kv_heads=1,
-                     intermediate_size=64, max_position_embeddings=128)
-    model = build_model(spec, tokenizer, seed=seed)
-    path = root / name
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def tiny_agents(tmp_path_factory) -> dict[str, str]:
-    """Model folders of the tiny agents, by name."""
-    root = tmp_path_factory.mktemp("agents")
-    return {
-        "llama": _save_agent(root, "llama", "llama", "char", seed=1),
-        "qwen": _save_agent(root, "qwen", "qwen3", "bpe", seed=2),
-        "llama2": _save_agent(root, "llama2", "llama", "char", seed=3),
-    }
-
-
-@pytest.fixture(scope="session")
-def prompt_file(tmp_path_factory) -> str:
-    """Eight chat-form arithmetic prompts (``input`` / ``label``)."""
-    from openrlhf_hacpo.data.arithmetic import Problem, to_record
-
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    problems = [Problem(1, (a, b)) for a, b in [(1, 2), (3, 4), (5, 1), (2, 2), (7, 1), (6, 3), (4, 4), (8, 0)]]
-    path.write_text("".join(json.dumps(to_record(p, f"p{i}")) + "\n" for i, p in enumerate(problems)))
-    return str(path)
-
-
-@pytest.fixture(scope="session")
-def reward_file(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("reward") / "parity_reward.py"
-    path.write_text(REWARD_FILE)
-    return str(path)
 
 
 @pytest.fixture(scope="session")
