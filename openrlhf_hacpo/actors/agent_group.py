@@ -15,6 +15,7 @@ engines' outputs inside Ray), so its pending is one level too. A worker that die
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
@@ -266,12 +267,9 @@ class AgentGroup:
     def _after_sleep(self, engines: Sequence[Any], outputs: Sequence[Any]) -> list[Any]:
         """Engine e's outputs, available once engine e is asleep again (its ``sleep`` runs after its ``generate``:
         a Ray actor runs one caller's calls in order)."""
-        import ray
-
         slept = [engine.sleep.remote() for engine in engines]
         self._engines_awake = False
-        first_of = ray.remote(num_cpus=0)(_first_of)
-        return [first_of.remote(out, done) for out, done in zip(outputs, slept)]
+        return [_first_of_task().remote(out, done) for out, done in zip(outputs, slept)]
 
     def generate(self, prompts: Sequence[Any], sampling: SamplingConfig) -> Pending:
         """Responses only (no scoring), prompt-major like :meth:`RolloutEngine.generate`; used for evaluation."""
@@ -381,6 +379,14 @@ class AgentGroup:
 def _first_of(value: Any, *_: Any) -> Any:
     """``value``, once the other arguments (Ray object references) are ready too."""
     return value
+
+
+@functools.cache
+def _first_of_task():
+    """:func:`_first_of` as a Ray task, exported once per process rather than once per rollout."""
+    import ray
+
+    return ray.remote(num_cpus=0)(_first_of)
 
 
 def _engine_class():
