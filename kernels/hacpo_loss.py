@@ -451,8 +451,14 @@ INTERPRETER_TILES: tuple[tuple[int, int, int], tuple[int, int, int]] | None = ((
 Python loop); ``None`` uses the GPU tiles. tests/kernels runs the GPU tiles under the interpreter as well."""
 
 
-def _tile(tile: tuple[int, int, int], n_rows: int, n_cols: int) -> tuple[int, int, int]:
-    block_b, block_t, warps = tile
+def _tile(backward: bool, n_rows: int, n_cols: int) -> tuple[int, int, int]:
+    """(BLOCK_B, BLOCK_T, warps) of the forward or backward launch: the GPU tile (the interpreter's when the kernel
+    runs interpreted), shrunk to the input's size."""
+    kernel = _hacpo_bwd_kernel if backward else _hacpo_fwd_kernel
+    if INTERPRETER_TILES and is_interpreted(kernel):
+        block_b, block_t, warps = INTERPRETER_TILES[int(backward)]
+    else:
+        block_b, block_t, warps = BWD_TILE if backward else FWD_TILE
     return min(block_b, max(next_power_of_2(n_rows), 1)), min(block_t, max(next_power_of_2(n_cols), 16)), warps
 
 
@@ -486,8 +492,7 @@ class _HacpoLossTriton(torch.autograd.Function):
     def forward(ctx, logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, hp):
         n_rows, n_cols = logp.shape
         dev = logp.device
-        tile = INTERPRETER_TILES[0] if INTERPRETER_TILES and is_interpreted(_hacpo_fwd_kernel) else FWD_TILE
-        block_b, block_t, warps = _tile(tile, n_rows, n_cols)
+        block_b, block_t, warps = _tile(False, n_rows, n_cols)
         n_prog = max(cdiv(n_rows, block_b), 1)
         obj = torch.empty(n_rows, dtype=torch.float32, device=dev)
         ratio = torch.zeros(n_rows, dtype=torch.float32, device=dev)
@@ -529,8 +534,7 @@ class _HacpoLossTriton(torch.autograd.Function):
         if dloss is None:
             return (grad.zero_(),) + (None,) * 8
         scales = torch.stack([-dloss / denom, dloss * hp["kl_coef"] / kl_denom]).to(torch.float32)
-        tile = INTERPRETER_TILES[1] if INTERPRETER_TILES and is_interpreted(_hacpo_bwd_kernel) else BWD_TILE
-        block_b, block_t, warps = _tile(tile, n_rows, n_cols)
+        block_b, block_t, warps = _tile(True, n_rows, n_cols)
         if n_rows and n_cols:
             _hacpo_bwd_kernel[(cdiv(n_rows, block_b), cdiv(n_cols, block_t))](
                 logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, scales, grad,
