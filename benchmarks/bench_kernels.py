@@ -87,6 +87,27 @@ class Row:
 # --------------------------------------------------------------------------------------------------------------
 # timing and memory
 # --------------------------------------------------------------------------------------------------------------
+def cuda_kernel_ms(fn, reps: int = 20, grad_to_none=None) -> dict[str, float]:
+    """Mean GPU milliseconds per call of ``fn`` for each CUDA kernel it launches, by kernel name (torch.profiler;
+    one warm-up call first; ``grad_to_none`` tensors get ``.grad = None`` before each call)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for t in grad_to_none or ():
+                t.grad = None
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == DeviceType.CUDA:
+            out[e.name] = out.get(e.name, 0.0) + e.time_range.elapsed_us() / reps / 1e3
+    return out
+
+
 class Meter:
     """Median time and peak extra memory of a callable, on CUDA or CPU."""
 
@@ -116,19 +137,8 @@ class Meter:
         the host time between launches that wall-clock timing of small inputs measures. ``None`` off CUDA."""
         if self.device != "cuda":
             return None
-        from torch.autograd import DeviceType
-        from torch.profiler import ProfilerActivity, profile
-
-        fn()
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(reps):
-                for t in grad_to_none or ():
-                    t.grad = None
-                fn()
-            torch.cuda.synchronize()
-        total_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
-        return total_us / reps / 1e3 if total_us > 0 else None
+        total = sum(cuda_kernel_ms(fn, reps, grad_to_none).values())
+        return total if total > 0 else None
 
     def peak_mib(self, fn) -> float | None:
         """Peak memory above what is allocated before ``fn`` runs (outputs that stay alive are included)."""

@@ -23,7 +23,7 @@ for entry in (ROOT, ROOT / "benchmarks"):
     if str(entry) not in sys.path:  # run as a script from anywhere
         sys.path.insert(0, str(entry))
 
-from bench_kernels import HBM_PEAK_TBS, LOSS_HP, make_loss_inputs  # noqa: E402
+from bench_kernels import HBM_PEAK_TBS, LOSS_HP, cuda_kernel_ms, make_loss_inputs  # noqa: E402
 from results_io import run_facts, save_results  # noqa: E402
 from hacpo_kernels import hacpo_loss  # noqa: E402
 
@@ -37,23 +37,9 @@ SHAPES = [(64, 2048), (1024, 4096), (4096, 4096)]
 
 
 def kernel_ms(fn, names: tuple[str, ...], reps: int = 20) -> dict[str, float]:
-    """Mean GPU milliseconds per call of each named kernel."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    out = dict.fromkeys(names, 0.0)
-    for e in prof.events():
-        if e.device_type == DeviceType.CUDA:
-            for name in names:
-                if name in e.name:
-                    out[name] += e.time_range.elapsed_us() / reps / 1e3
-    return out
+    """Mean GPU milliseconds per call of each named kernel (every launch whose name contains it)."""
+    times = cuda_kernel_ms(fn, reps)
+    return {name: sum(ms for kernel, ms in times.items() if name in kernel) for name in names}
 
 
 def run_case(x, fwd_tile, bwd_tile) -> dict:
