@@ -66,6 +66,11 @@ HBM_PEAK_TBS = {"H100": 3.35, "H200": 4.8}
 MIB = 1024 * 1024
 
 
+def hbm_peak_tbs(gpu_name: str) -> float | None:
+    """HBM bandwidth (TB/s) of a GPU named in :data:`HBM_PEAK_TBS`, else None."""
+    return next((tbs for key, tbs in HBM_PEAK_TBS.items() if key in gpu_name), None)
+
+
 @dataclass
 class Row:
     section: str  # "logits", "fused_linear" or "loss"
@@ -638,7 +643,7 @@ def main(argv=None) -> int:
         fl_shapes = [(4096, 151936)] if args.quick else [(4096, 151936), (16384, 151936)]
         h_dim = args.hidden or 4096
         fl_chunk = None  # library defaults
-        peak_tbs = next((tbs for key, tbs in HBM_PEAK_TBS.items() if key in device_name(device)), None)
+        peak_tbs = hbm_peak_tbs(device_name(device))
     else:
         shapes = args.shapes or CPU_SHAPES
         fl_shapes = [(4096, 32000)]

@@ -23,7 +23,7 @@ for entry in (ROOT, ROOT / "benchmarks"):
     if str(entry) not in sys.path:  # run as a script from anywhere
         sys.path.insert(0, str(entry))
 
-from bench_kernels import HBM_PEAK_TBS, LOSS_HP, cuda_kernel_ms, make_loss_inputs  # noqa: E402
+from bench_kernels import LOSS_HP, cuda_kernel_ms, hbm_peak_tbs, make_loss_inputs  # noqa: E402
 from results_io import run_facts, save_results  # noqa: E402
 from hacpo_kernels import hacpo_loss  # noqa: E402
 
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         print("tune_loss_tiles: needs a CUDA device")
         return 0
     name = torch.cuda.get_device_name()
-    peak = next((v for k, v in HBM_PEAK_TBS.items() if k in name), None)
+    peak = hbm_peak_tbs(name)
     default_fwd, default_bwd = loss_module.FWD_TILE, loss_module.BWD_TILE
     results = []
     for b, t in SHAPES:
