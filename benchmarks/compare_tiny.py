@@ -249,11 +249,11 @@ def goal_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------------------------------------- ratio probe
 def _mean_logprobs(model, prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id: int) -> list[float]:
     """Mean log-probability of each response's tokens given its prompt (T = 1), scored as the trainer scores rows
-    (:func:`openrlhf_hacpo.models.score_rows`)."""
-    from openrlhf_hacpo.models import score_rows
+    (:func:`openrlhf_hacpo.models.score_logprobs`)."""
+    from openrlhf_hacpo.models import score_logprobs
 
-    logps = score_rows(model, prompts, responses, pad_id, 1.0, 128, next(model.parameters()).device)
-    return [sum(values) / len(values) for values in logps]
+    logps = score_logprobs(model, prompts, responses, pad_id, 1.0, 128, next(model.parameters()).device)
+    return [sum(values) / len(values) for values in (row.tolist() for row in logps)]
 
 
 def ratio_quantiles(ratios: Sequence[float], window: tuple[float, float] = (0.8, 1.0)) -> dict[str, Any]:

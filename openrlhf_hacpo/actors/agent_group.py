@@ -320,8 +320,6 @@ class AgentGroup:
         """Copy the policy's weights into the agent's vLLM engines; returns seconds spent (0 without engines).
 
         The path is :meth:`weight_sync_mode`'s; sleeping engines are woken first."""
-        import time
-
         if not self.engines:
             return 0.0
         t0 = time.perf_counter()

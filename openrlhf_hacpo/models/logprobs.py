@@ -27,7 +27,7 @@ from hacpo_kernels import fused_linear_logprobs, logprobs_from_logits
 from openrlhf_hacpo.utils.padding import pack_rows
 
 __all__ = ["LOGPROB_PATHS", "ResponseLogprobs", "fused_head_unsupported", "response_logprobs", "rows_to_batch",
-           "score_logprobs", "score_rows"]
+           "score_logprobs"]
 
 LOGPROB_PATHS = ("fused", "logits")
 
@@ -166,10 +166,3 @@ def score_logprobs(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids
         out.extend(logp[i, : len(response)].clone() for i, response in enumerate(responses))  # own storage each
     return out
 
-
-def score_rows(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int,
-               temperature: float, micro_batch_size: int, device: Any, *, path: str = "fused",
-               backend: str = "auto") -> list[list[float]]:
-    """:func:`score_logprobs` as lists of floats."""
-    return [row.tolist() for row in score_logprobs(model, prompt_ids, response_ids, pad_id, temperature,
-                                                   micro_batch_size, device, path=path, backend=backend)]
