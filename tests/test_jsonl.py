@@ -4,8 +4,7 @@ import pytest
 
 from openrlhf_hacpo.data.prompts import load_prompt_dataset
 from openrlhf_hacpo.rollout.store import RolloutStore
-from openrlhf_hacpo.trainer.metrics import read_jsonl as read_metrics
-from openrlhf_hacpo.utils.jsonl import iter_jsonl, read_jsonl
+from openrlhf_hacpo.utils.jsonl import iter_jsonl, read_jsonl, read_records
 
 
 def test_values_line_numbers_and_blank_lines(tmp_path):
@@ -47,12 +46,12 @@ def test_torn_tail_is_skipped_only_when_asked(tmp_path):
 
 def test_callers_keep_their_behaviour(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
-    assert read_metrics(metrics) == []
+    assert read_records(metrics) == []
     metrics.write_text('{"step": 1, "agent": "a"}\n{"step": 2, "ag')
-    assert read_metrics(metrics) == [{"step": 1, "agent": "a"}]
+    assert read_records(metrics) == [{"step": 1, "agent": "a"}]
     metrics.write_text('{"step": 1, "agent": "a"}\nnot json\n{"step": 2, "agent": "a"}\n')
     with pytest.raises(ValueError, match=r"metrics\.jsonl:2"):
-        read_metrics(metrics)
+        read_records(metrics)
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"input": "1+1", "label": "2"}\n\n{"input": "2+2", "label": 4}\n')

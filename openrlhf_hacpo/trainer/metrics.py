@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from openrlhf_hacpo.utils import jsonl
+from openrlhf_hacpo.utils.jsonl import read_records
 from openrlhf_hacpo.utils.atomic import atomic_write_text
 
-__all__ = ["MetricsLogger", "read_jsonl", "progress_postfix"]
+__all__ = ["MetricsLogger", "progress_postfix"]
 
 
 def _json_safe(value: Any) -> Any:
@@ -27,12 +27,6 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_json_safe(v) for v in value]
     return value
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Records of a ``metrics.jsonl`` / ``eval.jsonl`` file; a missing file has none, and a torn last line from an
-    interrupted append is skipped (any other bad line is a ``ValueError`` naming the file and line)."""
-    return jsonl.read_jsonl(path, missing_ok=True, skip_torn_tail=True)
 
 
 def progress_postfix(records: Sequence[dict[str, Any]]) -> dict[str, str]:
@@ -86,7 +80,7 @@ class MetricsLogger:
         for path in (self.metrics_path, self.eval_path):
             if not path.exists():
                 continue
-            keep = [r for r in read_jsonl(path) if step and r.get("step", 0) <= step]
+            keep = [r for r in read_records(path) if step and r.get("step", 0) <= step]
             atomic_write_text(path, "".join(json.dumps(r, allow_nan=False) + "\n" for r in keep))
 
     @staticmethod

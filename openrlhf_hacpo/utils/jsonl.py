@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["iter_jsonl", "read_jsonl"]
+__all__ = ["iter_jsonl", "read_jsonl", "read_records"]
 
 
 def _decode_line(raw: bytes, path: Path, lineno: int) -> str:
@@ -53,3 +53,10 @@ def read_jsonl(path: str | os.PathLike, *, missing_ok: bool = False, skip_torn_t
     if missing_ok and not Path(path).exists():
         return []
     return [value for _, value in iter_jsonl(path, skip_torn_tail=skip_torn_tail)]
+
+
+def read_records(path: str | os.PathLike) -> list[Any]:
+    """Records of a run's appended log (``metrics.jsonl`` / ``eval.jsonl``): a missing file has none, and a torn
+    last line from an interrupted append is skipped (any other bad line is a ``ValueError`` naming the file and
+    line)."""
+    return read_jsonl(path, missing_ok=True, skip_torn_tail=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from openrlhf_hacpo.utils.atomic import atomic_write_bytes
-from openrlhf_hacpo.utils.jsonl import read_jsonl
+from openrlhf_hacpo.utils.jsonl import read_records
 
 __all__ = [
     "FINAL_EVALS",
@@ -45,12 +45,6 @@ SUMMARY_FILE = "summary.json"
 PLOT_FILE = "validation.png"
 FINAL_EVALS = 2
 """The final accuracy of a run is the mean of its last this-many periodic evaluations."""
-
-
-def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The trainer's ``metrics.jsonl`` / ``eval.jsonl`` records (none for a missing file; a torn last line from an
-    interrupted append is skipped)."""
-    return read_jsonl(path, missing_ok=True, skip_torn_tail=True)
 
 
 # ---------------------------------------------------------------------------------------------------------- one run

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from openrlhf_hacpo.cli.train_hacpo import main
-from openrlhf_hacpo.trainer.metrics import read_jsonl
+from openrlhf_hacpo.utils.jsonl import read_records
 
 from fault_inputs import ZERO_REWARD, write_file
 
@@ -30,7 +30,7 @@ def test_shortfalls_are_logged_and_a_finished_run_is_protected(tmp_path, run_arg
     assert f"agent 'llama': every reward was 0 for 2 steps in a row (up to step 2)" in log and reward in log
     # save messages reach the run log; pruning kept the newest checkpoint
     assert "saved joint checkpoint" in log and (run / "checkpoints" / "global_step2").is_dir()
-    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2]
+    assert [r["step"] for r in read_records(run / "metrics.jsonl")] == [1, 2]
     capsys.readouterr()
 
     # the same command again: refused in one line, nothing touched (train.log only grows)
@@ -51,4 +51,4 @@ def test_shortfalls_are_logged_and_a_finished_run_is_protected(tmp_path, run_arg
     # resuming with the same settings: nothing left to do (the data gives 2 steps), the run log says so
     assert main([*args, "--resume"]) == 0
     assert "resumed from" in (run / "train.log").read_text()
-    assert [r["step"] for r in read_jsonl(run / "metrics.jsonl")] == [1, 2]
+    assert [r["step"] for r in read_records(run / "metrics.jsonl")] == [1, 2]

@@ -12,7 +12,8 @@ import torch
 from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
 from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state
 from openrlhf_hacpo.reproduce.metrics import pass_at_k
-from openrlhf_hacpo.trainer.metrics import MetricsLogger, read_jsonl
+from openrlhf_hacpo.trainer.metrics import MetricsLogger
+from openrlhf_hacpo.utils.jsonl import read_records
 
 
 @pytest.mark.parametrize("n, c", [(1, 0), (1, 1), (4, 0), (4, 1), (4, 3), (5, 2), (6, 6)])
@@ -75,7 +76,7 @@ def test_metrics_logger_sinks_and_resume_truncation(tmp_path):
         logger.advance(records)
     logger.log_eval(2, [{"step": 2, "agent": "a", "accuracy": 0.5}])
     logger.close()
-    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    rows = read_records(tmp_path / "metrics.jsonl")
     assert [(r["step"], r["agent"]) for r in rows] == [(s, a) for s in (1, 2, 3) for a in ("a", "b")]
     assert rows[0]["capability"] is None  # non-finite values become JSON null
     assert list(tb.glob("events.out.tfevents.*"))
@@ -89,10 +90,10 @@ def test_metrics_logger_sinks_and_resume_truncation(tmp_path):
 
     # a run resumed from step 2 drops the records written after it
     MetricsLogger(str(tmp_path), show_progress=False, initial_step=2).close()
-    assert max(r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")) == 2
+    assert max(r["step"] for r in read_records(tmp_path / "metrics.jsonl")) == 2
     # a fresh run in the same folder starts empty
     MetricsLogger(str(tmp_path), show_progress=False, initial_step=0).close()
-    assert read_jsonl(tmp_path / "metrics.jsonl") == []
+    assert read_records(tmp_path / "metrics.jsonl") == []
 
 
 def test_metrics_logger_sends_scalars_to_wandb(tmp_path, monkeypatch):

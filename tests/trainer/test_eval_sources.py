@@ -8,7 +8,7 @@ import pytest
 
 from openrlhf_hacpo.engines.base import GenerationOutput
 from openrlhf_hacpo.trainer.evaluation import Evaluator, load_eval_records
-from openrlhf_hacpo.trainer.metrics import read_jsonl
+from openrlhf_hacpo.utils.jsonl import read_records
 
 
 def _write(path, rows):
@@ -85,7 +85,7 @@ def test_run_evaluates_before_the_first_step_on_every_file(tmp_path, tiny_agents
     run(base_args(tmp_path / "run", "--no_ray", "--agent", f"name=llama,pretrain={tiny_agents['llama']}",
                   "--train_batch_size", "8", "--max_steps", "1", "--no_save_hf",
                   "--eval_data", prompt_file, second, "--eval_before_training", "--eval_generate_max_len", "4"))
-    evals = read_jsonl(tmp_path / "run" / "eval.jsonl")
+    evals = read_records(tmp_path / "run" / "eval.jsonl")
     assert [r["step"] for r in evals] == [0, 1]
     for rec in evals:
         assert rec["num_prompts"] == 9

@@ -13,7 +13,7 @@ from loss_injection import nan_loss_at
 from openrlhf_hacpo.cli.train_hacpo import build_config, run
 from openrlhf_hacpo.rollout import RewardFunctionError
 from openrlhf_hacpo.trainer.controller import HACPOController
-from openrlhf_hacpo.trainer.metrics import read_jsonl
+from openrlhf_hacpo.utils.jsonl import read_records
 
 # DeepSpeed's ZeRO code calls torch.distributed collectives that torch marks as deprecated
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
@@ -122,7 +122,7 @@ def test_nonfinite_loss_skips_the_update_and_counts_it(tmp_path, tiny_agents, ba
         assert _max_diff(controller.groups[0].weights(), _weights(tiny_agents["llama"])) > 1e-4
     finally:
         controller.close()
-    logged = read_jsonl(tmp_path / "metrics.jsonl")
+    logged = read_records(tmp_path / "metrics.jsonl")
     assert [r["skipped_updates"] for r in logged] == [1, 1]
 
 

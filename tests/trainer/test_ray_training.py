@@ -12,7 +12,7 @@ import torch
 from openrlhf_hacpo.cli.train_hacpo import build_config, run
 from openrlhf_hacpo.rollout import RolloutStore, build_learner_batch
 from openrlhf_hacpo.trainer.controller import HACPOController, TrainingError
-from openrlhf_hacpo.trainer.metrics import read_jsonl
+from openrlhf_hacpo.utils.jsonl import read_records
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +75,7 @@ def test_two_heterogeneous_agents_train_together(ray_cluster, tmp_path, tiny_age
     cfg = controller.cfg
 
     # -- one metrics record per step and agent, with every figure
-    records = read_jsonl(out / "metrics.jsonl")
+    records = read_records(out / "metrics.jsonl")
     assert [(r["step"], r["agent"]) for r in records] == [(1, "llama"), (1, "qwen"), (2, "llama"), (2, "qwen")]
     for rec in records:
         missing = [k for k in STEP_KEYS if k not in rec]
@@ -129,7 +129,7 @@ def test_two_heterogeneous_agents_train_together(ray_cluster, tmp_path, tiny_age
     for name in cfg.agent_names:
         assert (latest / "agents" / name / "state").is_dir()
 
-    evals = read_jsonl(out / "eval.jsonl")
+    evals = read_records(out / "eval.jsonl")
     assert [(r["step"], r["agent"]) for r in evals] == [(1, "llama"), (1, "qwen"), (2, "llama"), (2, "qwen")]
     from openrlhf_hacpo.data.prompts import load_prompt_dataset
     from openrlhf_hacpo.rollout import get_reward_fn
@@ -189,8 +189,8 @@ def test_resume_continues_exactly(ray_cluster, tmp_path, tiny_agents, base_args)
     (resumed / "checkpoints" / "latest").write_text("global_step2\n")
     run(base_args(resumed, *args, "--resume"))
 
-    a = {(r["step"], r["agent"]): r for r in read_jsonl(straight / "metrics.jsonl")}
-    b = {(r["step"], r["agent"]): r for r in read_jsonl(resumed / "metrics.jsonl")}
+    a = {(r["step"], r["agent"]): r for r in read_records(straight / "metrics.jsonl")}
+    b = {(r["step"], r["agent"]): r for r in read_records(resumed / "metrics.jsonl")}
     assert sorted(b) == [(3, "llama"), (3, "qwen"), (4, "llama"), (4, "qwen")]
     for key, rec in b.items():
         for name, value in rec.items():

@@ -10,7 +10,7 @@ from openrlhf_hacpo.cli.train_hacpo import build_config
 from openrlhf_hacpo.data.prompts import PromptRecord
 from openrlhf_hacpo.engines import SamplingConfig
 from openrlhf_hacpo.trainer.controller import HACPOController
-from openrlhf_hacpo.trainer.metrics import read_jsonl
+from openrlhf_hacpo.utils.jsonl import read_records
 
 pytestmark = [
     pytest.mark.vllm,
@@ -65,4 +65,4 @@ def test_vllm_engines_generate_and_follow_the_weights(ray_cluster, tmp_path, tin
             assert gap_initial > 1e-2
     finally:
         controller.close()
-    assert len(read_jsonl(tmp_path / "metrics.jsonl")) == 2
+    assert len(read_records(tmp_path / "metrics.jsonl")) == 2
