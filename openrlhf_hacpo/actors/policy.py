@@ -9,7 +9,7 @@
 * :class:`~openrlhf_hacpo.actors.policy_io.PolicyIO`: weight sync to the engines, HF export, training-state I/O.
 
 Each agent's ranks form their own ``torch.distributed`` group, so agents never synchronise with each other.
-``PolicyActor = ray.remote(PolicyWorker)``; without Ray the same class runs in the driver process.
+:func:`policy_actor_class` is ``ray.remote(PolicyWorker)``; without Ray the same class runs in the driver process.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from openrlhf_hacpo.models.tokenizer import load_tokenizer
 from openrlhf_hacpo.rollout import Trajectory
 from openrlhf_hacpo.utils.network import free_port
 
-__all__ = ["PolicyActor", "PolicyWorker"]
+__all__ = ["PolicyWorker", "policy_actor_class"]
 
 GENERATE_BATCH_ROWS = 64
 """Rows (prompt x sample) per transformers ``generate`` call of the ``hf`` backend."""

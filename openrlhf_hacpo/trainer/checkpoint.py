@@ -35,7 +35,7 @@ from openrlhf_hacpo.utils.disk import ensure_free_space, explain_write_error, fo
 from openrlhf_hacpo.utils.errors import CheckpointError
 from openrlhf_hacpo.utils.safe_load import load_torch_file
 
-__all__ = ["CheckpointManager", "capture_rng_state", "restore_rng_state"]
+__all__ = ["CheckpointManager"]
 
 logger = logging.getLogger(__name__)
 
