@@ -4,12 +4,15 @@ agent at fault and the values that would work:
 * `resolve_hub_models`: the vLLM backend loads models from local folders; an agent whose ``pretrain`` is a hub id
   is downloaded with ``huggingface_hub.snapshot_download`` (or found in the local cache), else a clear error says
   which folder to set.
-* `resolve_attention`: ``flash_attention_2`` needs the flash-attn package (a separate install step, docs/gpu.md);
-  without it the agents fall back to ``sdpa`` with a warning.
+* `resolve_attention`: ``flash_attention_2`` needs the flash-attn package (a separate install step, docs/gpu.md) to
+  *import*: a build made against another torch is installed but fails on import (undefined symbols), and would stop
+  every policy and reference worker in ``from_pretrained``; either way the agents fall back to ``sdpa`` with a
+  warning that gives the reason.
 * `check_gpu_count`: the GPUs every agent needs (policy ranks, plus dedicated engine GPUs) against the cluster's;
   three 4-GPU agents on 8 GPUs would otherwise wait forever for their placement groups.
-* `check_vllm_compatibility`: each agent's architecture against the vLLM attention backend of the device (head
-  size, dtype) and the context the run asks for (prompt + generation length against the model's maximum).
+* `check_vllm_compatibility`: each agent's architecture against the vLLM attention backends of the device for the
+  agent's dtype (head size: FlashAttention runs fp16/bf16 only, so fp32 needs Triton's head sizes >= 32) and the
+  context the run asks for (prompt + generation length against the model's maximum).
 """
 from __future__ import annotations
 
@@ -24,8 +27,8 @@ import torch
 
 from openrlhf_hacpo.config import TrainConfig
 
-__all__ = ["GpuDemand", "check_gpu_count", "check_vllm_compatibility", "gpu_demand", "resolve_attention",
-           "resolve_hub_models", "vllm_head_sizes"]
+__all__ = ["CUDA_ATTENTION_BACKENDS", "AttentionBackend", "GpuDemand", "check_gpu_count", "check_vllm_compatibility",
+           "flash_attn_import_error", "gpu_demand", "resolve_attention", "resolve_hub_models", "vllm_head_sizes"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +37,30 @@ logger = logging.getLogger(__name__)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 ENGINE_DTYPES = {"cpu": (torch.float16, torch.bfloat16, torch.float32),
                  "cuda": (torch.float16, torch.bfloat16, torch.float32)}
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    """One of vLLM's CUDA attention backends: its name, the dtypes it runs and its head-size rule (stated in words
+    for error messages)."""
+
+    name: str
+    dtypes: tuple[torch.dtype, ...]
+    supports: Callable[[int], bool]
+    rule: str
+
+
+# vLLM 0.32's CUDA attention backends for decoder models, in its order of preference on Hopper and earlier
+# (`vllm/platforms/cuda.py::_get_backend_priorities`): FlashAttention (`FlashAttentionBackend`: fp16/bf16, head
+# sizes that are multiples of 8 up to 256) and, as its fallback, Triton (`TritonAttentionBackend`: fp16/bf16/fp32,
+# head sizes >= 32). FlashInfer (fp16/bf16; 64, 128, 256, 512) adds no head size to these. FlexAttention, the last
+# resort, is not counted: no run of this project has used it.
+CUDA_ATTENTION_BACKENDS = (
+    AttentionBackend("FlashAttention", (torch.float16, torch.bfloat16), lambda size: size % 8 == 0 and size <= 256,
+                     "a multiple of 8 up to 256 in fp16/bf16"),
+    AttentionBackend("Triton", (torch.float16, torch.bfloat16, torch.float32), lambda size: size >= 32,
+                     ">= 32 in any dtype"),
+)
 
 
 # ---------------------------------------------------------------------------------------------------------- GPUs
@@ -79,11 +106,12 @@ def check_gpu_count(cfg: TrainConfig, cluster_gpus: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------- vLLM
-def vllm_head_sizes(device: str) -> Callable[[int], bool]:
-    """Whether the device's vLLM attention backends support a head size.
+def vllm_head_sizes(device: str, dtype: torch.dtype = torch.bfloat16) -> Callable[[int], bool]:
+    """Whether the device's vLLM attention backends support a head size for attention in ``dtype``.
 
-    CPU: the CPU backend's list. GPU: FlashAttention (multiples of 8 up to 256) or, as vLLM's fallback, the Triton
-    backend (>= 32).
+    CPU: the CPU backend's list (any dtype). GPU: any backend of :data:`CUDA_ATTENTION_BACKENDS` that runs
+    ``dtype`` and takes the size: in fp16/bf16 FlashAttention's multiples of 8 up to 256 or Triton's >= 32; in fp32
+    only Triton's >= 32.
     """
     if device == "cpu":
         sizes = CPU_HEAD_SIZES
@@ -94,7 +122,19 @@ def vllm_head_sizes(device: str) -> Callable[[int], bool]:
         except Exception:  # noqa: BLE001 - vllm absent or laid out differently: keep the pinned line's list
             pass
         return lambda size: size in sizes
-    return lambda size: (size % 8 == 0 and size <= 256) or size >= 32
+    backends = [b for b in CUDA_ATTENTION_BACKENDS if dtype in b.dtypes]
+    return lambda size: any(b.supports(size) for b in backends)
+
+
+def _head_size_rule(device: str, dtype: torch.dtype) -> str:
+    if device == "cpu":
+        return f"one of {', '.join(map(str, CPU_HEAD_SIZES))}"
+    backends = [b for b in CUDA_ATTENTION_BACKENDS if dtype in b.dtypes]
+    rule = "; ".join(f"{b.name}: {b.rule}" for b in backends)
+    skipped = [b.name for b in CUDA_ATTENTION_BACKENDS if dtype not in b.dtypes]
+    if skipped:
+        rule += f" ({', '.join(skipped)} does not run {str(dtype).removeprefix('torch.')})"
+    return rule
 
 
 def _head_size(config) -> int | None:
@@ -120,19 +160,18 @@ def check_vllm_compatibility(cfg: TrainConfig, model_configs: Mapping[str, Any],
 
     ``model_configs`` maps agent names to their Hugging Face configs; ``device`` is "cpu" or "cuda".
     """
-    supports = vllm_head_sizes(device)
     # the engines are sized for the longer of rollout and evaluation responses
     context = cfg.prompt_max_len + max(cfg.generate_max_len, cfg.eval_generate_max_len or 0)
     for agent in cfg.resolved_agents():
         config = model_configs[agent.name]
-        head = _head_size(config)
-        if head is not None and not supports(head):
-            rule = (f"one of {', '.join(map(str, CPU_HEAD_SIZES))}" if device == "cpu" else
-                    "a multiple of 8 up to 256, or >= 32")
-            raise ValueError(f"agent {agent.name!r}: head size {head} of {agent.pretrain!r} is not supported by "
-                             f"vLLM's {device} attention backend (supported: {rule}); use --rollout_backend hf for "
-                             "this run")
         dtype = torch.bfloat16 if agent.bf16 else torch.float32
+        head = _head_size(config)
+        if head is not None and not vllm_head_sizes(device, dtype)(head):
+            in_dtype = f" in {str(dtype).removeprefix('torch.')}" if device == "cuda" else ""
+            raise ValueError(f"agent {agent.name!r}: head size {head} of {agent.pretrain!r} is not supported by "
+                             f"vLLM's {device} attention backend (supported{in_dtype}: "
+                             f"{_head_size_rule(device, dtype)}); use --rollout_backend hf for this run"
+                             + (" or --bf16" if device == "cuda" and dtype == torch.float32 else ""))
         if dtype not in ENGINE_DTYPES[device]:
             raise ValueError(f"agent {agent.name!r}: vLLM on {device} does not run {dtype}")
         limit = getattr(config, "max_position_embeddings", None)
@@ -144,22 +183,38 @@ def check_vllm_compatibility(cfg: TrainConfig, model_configs: Mapping[str, Any],
 
 
 # ---------------------------------------------------------------------------------------------------------- models
+def flash_attn_import_error() -> str | None:
+    """None when the flash-attn package imports; else why not ("not installed", or the exception it raised, e.g.
+    the undefined symbol of a build made against another torch)."""
+    if importlib.util.find_spec("flash_attn") is None:
+        return "not installed"
+    try:
+        importlib.import_module("flash_attn")
+    except Exception as err:  # noqa: BLE001 - ImportError, OSError (a missing CUDA library), RuntimeError, ...
+        first = str(err).splitlines()[0] if str(err) else ""
+        return f"installed but its import fails: {type(err).__name__}: {first}"
+    return None
+
+
 def resolve_attention(cfg: TrainConfig, flash_attn_available: bool | None = None) -> list[str]:
-    """Replace ``flash_attention_2`` by ``sdpa`` when flash-attn does not import; returns the agents changed."""
-    if flash_attn_available is None:
-        flash_attn_available = importlib.util.find_spec("flash_attn") is not None
-    if flash_attn_available:
-        return []
+    """Replace ``flash_attention_2`` by ``sdpa`` when flash-attn does not import; returns the agents changed.
+
+    ``flash_attn_available`` overrides the check (:func:`flash_attn_import_error`, which imports the package)."""
     changed = [a.name for a in cfg.resolved_agents() if a.attn_implementation == "flash_attention_2"]
     if not changed:
+        return []
+    reason = "not importable" if flash_attn_available is False else None
+    if flash_attn_available is None:
+        reason = flash_attn_import_error()
+    if reason is None:
         return []
     if cfg.attn_implementation == "flash_attention_2":
         cfg.attn_implementation = "sdpa"
     for agent in cfg.agents:
         if agent.attn_implementation == "flash_attention_2":
             agent.attn_implementation = "sdpa"
-    logger.warning("flash-attn is not installed: agents %s use attn_implementation='sdpa' (install flash-attn as in "
-                   "docs/gpu.md to use flash_attention_2)", changed)
+    logger.warning("flash-attn is %s: agents %s use attn_implementation='sdpa' (install a flash-attn built for this "
+                   "torch as in docs/gpu.md to use flash_attention_2)", reason, changed)
     return changed
 
 

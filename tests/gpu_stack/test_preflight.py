@@ -57,7 +57,7 @@ def _config(head_dim=32, max_position_embeddings=128):
 
 
 def test_unsupported_head_size_names_the_agent_and_the_supported_sizes():
-    cfg = _cfg([_agent("good"), _agent("odd")])
+    cfg = _cfg([_agent("good"), _agent("odd")], bf16=True)
     with pytest.raises(ValueError, match=r"agent 'odd': head size 24 .* vLLM's cpu attention backend \(supported: "
                                          r"one of 32, 64, 80"):
         check_vllm_compatibility(cfg, {"good": _config(32), "odd": _config(24)}, "cpu")
