@@ -4,8 +4,14 @@ and the algorithm's :class:`~openrlhf_hacpo.algorithms.HACPOConfig`.
 Per-agent settings left at ``None`` inherit the run-wide value of the same meaning (``learning_rate`` from
 ``actor_learning_rate``, ``zero_stage``, ``bf16``, ``gradient_checkpointing``, ``dp_size`` from
 ``actor_num_gpus_per_node``, ``vllm_num_engines``, ``vllm_tensor_parallel_size``); :meth:`TrainConfig.resolved_agents`
-returns the agents with every such field filled in. Every dataclass validates itself on construction and raises
-``ValueError`` naming the field (``agents[1].zero_stage``, ``train_batch_size``, ...).
+returns the agents with every such field filled in.
+
+Every rule of a single field sits with the field, in its :func:`~openrlhf_hacpo.utils.options.option` (type from the
+annotation, ``choices``, ``ge`` / ``gt`` / ``le`` / ``lt``, ``only_for``); ``validate`` is one walk over the fields
+(:func:`~openrlhf_hacpo.utils.options.check_fields`) plus the rules that tie fields together. Every dataclass validates
+itself on construction, however it was built (flags, :meth:`TrainConfig.from_dict`, YAML), and raises ``ValueError``
+naming the flag and the field (``--top_p (TrainConfig.top_p) must be <= 1, got 1.5``) or, for an agent's setting,
+its path (``agents[1] ('qwen').zero_stage``).
 
 Batch sizes follow OpenRLHF's meaning:
 
@@ -30,11 +36,12 @@ from openrlhf_hacpo.algorithms import HACPOConfig
 from openrlhf_hacpo.models.logprobs import LOGPROB_PATHS
 from openrlhf_hacpo.rollout.trajectory import EOS_POLICIES
 from openrlhf_hacpo.rollout.views import MINIBATCH_ORDERS
-from openrlhf_hacpo.utils.checks import check_bool, check_choice, check_int, check_real, check_str, fail
-from openrlhf_hacpo.utils.options import option
+from openrlhf_hacpo.utils.checks import fail
+from openrlhf_hacpo.utils.options import check_fields, check_only_for, option
 
 __all__ = [
     "AGENT_FIELDS",
+    "only_for_refusal",
     "ROLLOUT_BACKENDS",
     "LR_SCHEDULERS",
     "AgentConfig",
@@ -56,14 +63,6 @@ _network = functools.partial(option, group="reliability and network")
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-def _check_zero_stage(where: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    check_int(where, value)
-    if value not in ZERO_STAGES:
-        fail(where, "0, 1, 2 or 3", value)
-
-
 @dataclass
 class AgentConfig:
     """One agent: its model, tokenizer and the settings that may differ between agents.
@@ -82,33 +81,24 @@ class AgentConfig:
     pretrain: str
     tokenizer: str | None = None
     chat_template: str | None = None
-    learning_rate: float | None = None
-    zero_stage: int | None = None
+    learning_rate: float | None = option(None, ge=0)
+    zero_stage: int | None = option(None, choices=ZERO_STAGES)
     bf16: bool | None = None
     gradient_checkpointing: bool | None = None
-    dp_size: int | None = None
-    vllm_num_engines: int | None = None
-    vllm_tensor_parallel_size: int | None = None
+    dp_size: int | None = option(None, ge=1)
+    vllm_num_engines: int | None = option(None, ge=0)
+    vllm_tensor_parallel_size: int | None = option(None, ge=1)
     attn_implementation: str | None = None
 
     def __post_init__(self) -> None:
         self.validate("AgentConfig")
 
     def validate(self, where: str = "AgentConfig") -> None:
-        check_str(f"{where}.name", self.name)
+        """Every field against its type and range (:func:`~openrlhf_hacpo.utils.options.check_fields`), then the
+        name's spelling; ``where`` prefixes the field names in errors (``agents[1] ('qwen')``)."""
+        check_fields(self, where)
         if not _AGENT_NAME.match(self.name):
             fail(f"{where}.name", "letters, digits, '_', '.', '-' (starting with a letter or digit)", self.name)
-        check_str(f"{where}.pretrain", self.pretrain)
-        check_str(f"{where}.tokenizer", self.tokenizer, allow_none=True)
-        check_str(f"{where}.chat_template", self.chat_template, allow_none=True)
-        check_real(f"{where}.learning_rate", self.learning_rate, low=0.0, allow_none=True)
-        _check_zero_stage(f"{where}.zero_stage", self.zero_stage, allow_none=True)
-        check_bool(f"{where}.bf16", self.bf16, allow_none=True)
-        check_bool(f"{where}.gradient_checkpointing", self.gradient_checkpointing, allow_none=True)
-        check_int(f"{where}.dp_size", self.dp_size, 1, allow_none=True)
-        check_int(f"{where}.vllm_num_engines", self.vllm_num_engines, 0, allow_none=True)
-        check_int(f"{where}.vllm_tensor_parallel_size", self.vllm_tensor_parallel_size, 1, allow_none=True)
-        check_str(f"{where}.attn_implementation", self.attn_implementation, allow_none=True)
 
     @property
     def tokenizer_path(self) -> str:
@@ -161,12 +151,22 @@ _INHERITED = {
 }
 
 
+def only_for_refusal(algo: HACPOConfig, only_for: str) -> str | None:
+    """Why ``algo`` has no use for the fields marked ``option(only_for=...)``, or None when it uses them: every such
+    field shapes foreign rows, and ``"hacpo"`` ones also assume the cross clip that naive does not apply."""
+    if not algo.trains_on_foreign:
+        return "it trains each agent on its own rollouts only"
+    if only_for == "hacpo" and algo.algorithm != "hacpo":
+        return f"{algo.algorithm} applies the self clip to every row"
+    return None
+
+
 @dataclass
 class TrainConfig:
     """Everything one run needs; built from the command line by ``openrlhf_hacpo.cli.train_hacpo.build_config``.
 
-    Each field's ``metadata`` holds its command-line flag (:func:`~openrlhf_hacpo.utils.options.option`); flag names
-    follow OpenRLHF where the meaning is the same.
+    Each field's ``metadata`` holds its command-line flag and its allowed values
+    (:func:`~openrlhf_hacpo.utils.options.option`); flag names follow OpenRLHF where the meaning is the same.
     """
 
     agents: list[AgentConfig]
@@ -176,33 +176,33 @@ class TrainConfig:
     prompt_split: str = _prompts("train", help="split of a hub dataset")
     input_key: str = _prompts("input", help="record field holding the prompt")
     label_key: str = _prompts("label", help="record field holding the answer")
-    max_samples: int | None = _prompts(None, help="use only the first N prompts")
+    max_samples: int | None = _prompts(None, ge=1, help="use only the first N prompts")
     apply_chat_template: bool = _prompts(False, help="render prompts with each agent's chat template (each agent its "
                                          "own)")
     enable_thinking: bool | None = _prompts(False, help="pass enable_thinking=True to chat templates that read it "
                                             "(Qwen3); default False")
-    prompt_max_len: int = _prompts(1024, help="prompt tokens kept (left-truncated) in learner views")
+    prompt_max_len: int = _prompts(1024, ge=1, help="prompt tokens kept (left-truncated) in learner views")
     drop_long_prompts: bool = _prompts(False, help="drop, at load, prompts longer than --prompt_max_len tokens in any "
                                        "agent's rendering (as the official code does) instead of keeping their last "
                                        "--prompt_max_len tokens")
-    generate_max_len: int = _prompts(1024, help="max new tokens per response (foreign re-tokenized responses are "
+    generate_max_len: int = _prompts(1024, ge=1, help="max new tokens per response (foreign re-tokenized responses are "
                                      "right-truncated to it)")
 
     rollout_backend: str = _rollout("hf", choices=ROLLOUT_BACKENDS, help="vllm: vLLM engines as Ray actors; hf: "
                                     "transformers generate inside the policy actor")
-    n_samples_per_prompt: int = _rollout(8, help="G, responses per prompt and agent")
-    rollout_batch_size: int = _rollout(128, help="prompts per step")
-    temperature: float = _rollout(1.0, help="rollout temperature (also used for every log-prob)")
-    top_p: float = _rollout(1.0, help="nucleus sampling mass")
-    top_k: int = _rollout(-1, help="-1 disables")
+    n_samples_per_prompt: int = _rollout(8, ge=1, help="G, responses per prompt and agent")
+    rollout_batch_size: int = _rollout(128, ge=1, help="prompts per step")
+    temperature: float = _rollout(1.0, gt=0, help="rollout temperature (also used for every log-prob)")
+    top_p: float = _rollout(1.0, gt=0, le=1, help="nucleus sampling mass")
+    top_k: int = _rollout(-1, ge=1, also=(-1,), help="-1 disables")
     eos_policy: str = _rollout("drop", choices=EOS_POLICIES, help="drop: the terminal EOS is not trained (official "
                                "v1 code); keep: it is an action")
-    vllm_num_engines: int = _rollout(1, help="engines per agent")
-    vllm_tensor_parallel_size: int = _rollout(1, help="tensor-parallel GPUs per engine")
+    vllm_num_engines: int = _rollout(1, ge=0, help="engines per agent")
+    vllm_tensor_parallel_size: int = _rollout(1, ge=1, help="tensor-parallel GPUs per engine")
     # None: chosen per device by openrlhf_hacpo.engines.settings (CPU: eager; GPU: CUDA graphs, 0.95 of a
     # dedicated GPU, 0.5 and sleep mode when colocated)
     vllm_gpu_memory_utilization: float | None = _rollout(
-        None, help="GPU memory fraction of an engine (default: 0.95 on a dedicated GPU, 0.5 colocated)")
+        None, gt=0, le=1, help="GPU memory fraction of an engine (default: 0.95 on a dedicated GPU, 0.5 colocated)")
     vllm_enforce_eager: bool | None = _rollout(
         None, help="no CUDA graphs (the default on CPU; faster start, slower generation on GPU)",
         false_flag="--vllm_enable_cuda_graph", false_help="let vLLM capture CUDA graphs (the default on GPU)")
@@ -214,30 +214,30 @@ class TrainConfig:
 
     reward_fn: str = _rewards("boxed_math", help="registered verifier (exact_match, boxed_math, arithmetic) or a "
                               "Python file defining reward_func(queries, prompts, labels)")
-    reward_num_workers: int = _rewards(1, help="reward worker processes (0: in a thread of the driver)")
-    reward_timeout: float | None = _rewards(300.0, zero_is_none=True, help="seconds allowed to score one step's "
+    reward_num_workers: int = _rewards(1, ge=0, help="reward worker processes (0: in a thread of the driver)")
+    reward_timeout: float | None = _rewards(300.0, zero_is_none=True, gt=0, help="seconds allowed to score one step's "
                                             "responses, with any number of workers (0: no limit)")
-    reward_stall_steps: int = _rewards(5, help="warn when an agent's rewards are all equal (e.g. all 0) for this many "
+    reward_stall_steps: int = _rewards(5, ge=0, help="warn when an agent's rewards are all equal (e.g. all 0) for this many "
                                        "steps in a row (0: never)")
 
-    train_batch_size: int = _training(512, help="rows per optimizer update (global over an agent's workers)")
-    micro_train_batch_size: int = _training(8, help="rows per forward/backward on one worker")
-    max_epochs: int = _training(1, help="passes over each step's rows")
-    num_episodes: int = _training(1, help="passes over the prompts")
-    max_steps: int | None = _training(None, help="stop after this many steps")
+    train_batch_size: int = _training(512, ge=1, help="rows per optimizer update (global over an agent's workers)")
+    micro_train_batch_size: int = _training(8, ge=1, help="rows per forward/backward on one worker")
+    max_epochs: int = _training(1, ge=1, help="passes over each step's rows")
+    num_episodes: int = _training(1, ge=1, help="passes over the prompts")
+    max_steps: int | None = _training(None, ge=1, help="stop after this many steps")
     minibatch_order: str = _training(
         "stratified", choices=MINIBATCH_ORDERS, help="how rows are assigned to the updates m of a step: stratified "
         "(every update sees the same share of each source, the net effect of both official runs), own_first (the v1 "
         "code's literal order; it mixes sources only at 8-rank data parallelism), shuffle")
-    actor_learning_rate: float = _training(1e-6, help="learning rate of every agent without its own")
+    actor_learning_rate: float = _training(1e-6, ge=0, help="learning rate of every agent without its own")
     allow_zero_lr: bool = _training(False, help="accept a learning rate of 0 (an agent that never changes); refused "
                                     "without this flag")
     lr_scheduler: str = _training("constant_with_warmup", choices=LR_SCHEDULERS, help="learning-rate schedule")
-    lr_warmup_steps: int = _training(0, help="optimizer updates")
-    min_lr_ratio: float = _training(0.1, help="final lr / lr of the cosine schedule")
-    max_norm: float = _training(1.0, help="gradient clipping (0 disables)")
-    adam_betas: tuple[float, float] = _training((0.9, 0.999), help="AdamW betas")
-    l2: float = _training(0.01, help="AdamW weight decay")
+    lr_warmup_steps: int = _training(0, ge=0, help="optimizer updates")
+    min_lr_ratio: float = _training(0.1, ge=0, le=1, help="final lr / lr of the cosine schedule")
+    max_norm: float = _training(1.0, ge=0, help="gradient clipping (0 disables)")
+    adam_betas: tuple[float, float] = _training((0.9, 0.999), ge=0, lt=1, help="AdamW betas")
+    l2: float = _training(0.01, ge=0, help="AdamW weight decay")
     zero_stage: int = _training(2, choices=ZERO_STAGES, help="DeepSpeed ZeRO stage")
     bf16: bool = _training(False, help="bf16 weights with fp32 master weights")
     gradient_checkpointing: bool = _training(False, help="recompute activations in the backward pass")
@@ -248,7 +248,7 @@ class TrainConfig:
     logprob_path: str = _training("fused", choices=LOGPROB_PATHS, help="fused: log-probs from the final hidden states "
                                   "and the LM head in tiles, without the full logits; logits: from the model's logits "
                                   "of the response positions")
-    actor_num_gpus_per_node: int = _training(1, help="data-parallel policy workers per agent")
+    actor_num_gpus_per_node: int = _training(1, ge=1, help="data-parallel policy workers per agent")
     device: str = _training("auto", choices=DEVICES, help="auto: cuda when the Ray cluster has GPUs")
     use_ray: bool = _training(True, flag="--no_ray", help="run every agent's worker inside this process (one worker "
                               "per agent; hf backend)")
@@ -256,8 +256,8 @@ class TrainConfig:
 
     save_path: str = _outputs("./runs/hacpo", help="run folder: metrics.jsonl, eval.jsonl, hf/<agent>/, tensorboard/")
     ckpt_path: str | None = _outputs(None, help="joint checkpoints [<save_path>/checkpoints]")
-    save_steps: int = _outputs(-1, help="joint checkpoint every N steps (-1: only at the end)")
-    max_ckpt_num: int = _outputs(3, help="joint checkpoints kept")
+    save_steps: int = _outputs(-1, ge=1, also=(-1,), help="joint checkpoint every N steps (-1: only at the end)")
+    max_ckpt_num: int = _outputs(3, ge=1, help="joint checkpoints kept")
     save_hf: bool = _outputs(True, flag="--no_save_hf", help="skip the per-agent Hugging Face checkpoints")
     save_rollouts: bool = _outputs(False, help="write each step's trajectories as jsonl")
     resume: bool = _outputs(False, help="continue from the latest joint checkpoint")
@@ -267,7 +267,7 @@ class TrainConfig:
     overwrite: bool = _outputs(False, help="start a fresh run in a save path that holds an earlier run, deleting its "
                                "metrics, evaluations, checkpoints, hf/ and rollouts/ (refused without this flag or "
                                "--resume)")
-    logging_steps: int = _outputs(1, help="log every N steps")
+    logging_steps: int = _outputs(1, ge=1, help="log every N steps")
     use_tensorboard: str | None = _outputs(None, metavar="DIR", help="TensorBoard log folder")
     use_wandb: bool = _outputs(False, help="log to Weights & Biases")
     wandb_project: str = _outputs("openrlhf-hacpo", help="Weights & Biases project")
@@ -279,18 +279,18 @@ class TrainConfig:
     eval_data: str | None = _evaluation(None, join=",", metavar="FILE", help="validation prompts (same keys as "
                                         "--prompt_data); several files are reported per data_source")
     eval_split: str = _evaluation("test", help="split of a hub dataset")
-    eval_steps: int = _evaluation(-1, help="evaluate every N steps and at the end (-1: only at the end, when eval_data "
+    eval_steps: int = _evaluation(-1, ge=1, also=(-1,), help="evaluate every N steps and at the end (-1: only at the end, when eval_data "
                                   "is given)")
-    eval_n_samples: int = _evaluation(1, help="k of pass@k: sampled responses per prompt besides the greedy one (1: "
+    eval_n_samples: int = _evaluation(1, ge=1, help="k of pass@k: sampled responses per prompt besides the greedy one (1: "
                                       "greedy only)")
-    eval_temperature: float = _evaluation(1.0, help="temperature of the sampled responses")
-    eval_max_samples: int | None = _evaluation(None, help="evaluate on the first N prompts")
-    eval_generate_max_len: int | None = _evaluation(None, help="max new tokens of evaluation responses; vLLM engines "
+    eval_temperature: float = _evaluation(1.0, gt=0, help="temperature of the sampled responses")
+    eval_max_samples: int | None = _evaluation(None, ge=1, help="evaluate on the first N prompts")
+    eval_generate_max_len: int | None = _evaluation(None, ge=1, help="max new tokens of evaluation responses; vLLM engines "
                                                     "are sized for the longer of the two [--generate_max_len]")
     eval_before_training: bool = _evaluation(False, help="also evaluate at step 0, before training")
 
     step_timeout: float | None = _network(
-        3600.0, zero_is_none=True, help="seconds any remote phase (setup, generate, score, update, sync, save, "
+        3600.0, zero_is_none=True, gt=0, help="seconds any remote phase (setup, generate, score, update, sync, save, "
         "evaluate) of an agent may take before the run stops with an error naming the agent and phase (0: no limit)")
     bind_host: str = _network("127.0.0.1", help="node address of the local Ray instance a run starts (choose the "
                               "interface on a machine with several; Ray 2.60 replaces a loopback address by the "
@@ -305,6 +305,8 @@ class TrainConfig:
 
     # ------------------------------------------------------------------------------------------------ validation
     def validate(self) -> None:
+        """The agents and the algorithm (each validates itself), every field against its ``option`` rules, the
+        algorithm-only fields (:func:`only_for_refusal`), then the rules that tie fields together."""
         if not isinstance(self.agents, (list, tuple)) or not self.agents:
             raise ValueError("agents must name at least one agent (--agent name=...,pretrain=... or --agents_config)")
         self.agents = list(self.agents)
@@ -321,55 +323,8 @@ class TrainConfig:
             fail("algo", "a HACPOConfig", self.algo)
         self.algo.validate()
 
-        check_str("prompt_data", self.prompt_data)
-        for name in ("prompt_split", "input_key", "label_key", "reward_fn", "save_path", "wandb_project",
-                     "eval_split", "attn_implementation", "bind_host"):
-            check_str(name, getattr(self, name))
-        for name in ("ckpt_path", "use_tensorboard", "wandb_run_name", "eval_data", "ray_address"):
-            check_str(name, getattr(self, name), allow_none=True)
-        for name in ("vllm_enforce_eager", "vllm_enable_sleep"):
-            check_bool(name, getattr(self, name), allow_none=True)
-        for name in ("drop_long_prompts", "apply_chat_template", "colocate_all_models", "bf16",
-                     "gradient_checkpointing", "save_hf", "save_rollouts", "use_wandb", "progress_bar", "resume",
-                     "use_ray", "eval_before_training", "allow_zero_lr", "resume_accept_mismatch",
-                     "overwrite"):
-            check_bool(name, getattr(self, name))
-        check_bool("enable_thinking", self.enable_thinking, allow_none=True)
-        for name in ("prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size",
-                     "train_batch_size", "micro_train_batch_size", "max_epochs", "num_episodes", "logging_steps",
-                     "eval_n_samples", "vllm_tensor_parallel_size", "actor_num_gpus_per_node", "max_ckpt_num"):
-            check_int(name, getattr(self, name), 1)
-        for name in ("max_samples", "max_steps", "eval_max_samples", "eval_generate_max_len"):
-            check_int(name, getattr(self, name), 1, allow_none=True)
-        for name in ("lr_warmup_steps", "reward_num_workers", "vllm_num_engines", "reward_stall_steps"):
-            check_int(name, getattr(self, name), 0)
-        check_int("seed", self.seed)
-        check_int("top_k", self.top_k)
-        if self.top_k == 0 or self.top_k < -1:
-            fail("top_k", "-1 (disabled) or >= 1", self.top_k)
-        for name in ("save_steps", "eval_steps"):
-            check_int(name, getattr(self, name))
-            if getattr(self, name) == 0 or getattr(self, name) < -1:
-                fail(name, "-1 (never) or >= 1", getattr(self, name))
-        check_real("temperature", self.temperature, low=0.0, low_open=True)
-        check_real("eval_temperature", self.eval_temperature, low=0.0, low_open=True)
-        check_real("top_p", self.top_p, low=0.0, high=1.0, low_open=True)
-        check_real("vllm_gpu_memory_utilization", self.vllm_gpu_memory_utilization, low=0.0, high=1.0,
-                    low_open=True, allow_none=True)
-        check_real("reward_timeout", self.reward_timeout, low=0.0, low_open=True, allow_none=True)
-        check_real("step_timeout", self.step_timeout, low=0.0, low_open=True, allow_none=True)
-        check_real("actor_learning_rate", self.actor_learning_rate, low=0.0)
-        check_real("min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0)
-        check_real("max_norm", self.max_norm, low=0.0)
-        check_real("l2", self.l2, low=0.0)
-        if (not isinstance(self.adam_betas, tuple) or len(self.adam_betas) != 2
-                or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0
-                           for b in self.adam_betas)):
-            fail("adam_betas", "two numbers in [0, 1)", self.adam_betas)
-        check_int("zero_stage", self.zero_stage)
-        for f in dataclasses.fields(self):  # the choices of the field's flag are the field's allowed values
-            if "choices" in f.metadata:
-                check_choice(f.name, getattr(self, f.name), f.metadata["choices"])
+        check_fields(self)  # each field: type, choices, range (its option(...) in the class body)
+        check_only_for(self.algo, functools.partial(only_for_refusal, self.algo), self.algo.algorithm)
         if self.overwrite and self.resume:
             raise ValueError("overwrite and resume exclude each other: --resume continues the run in save_path, "
                              "--overwrite deletes it")

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 
 from openrlhf_hacpo.algorithms import PRESETS, HACPOConfig
 from openrlhf_hacpo.cli.flags import FieldFlag, HelpFormatter, add_flags, field_flags, field_values, nest
-from openrlhf_hacpo.config import AGENT_FIELDS, AgentConfig, TrainConfig
+from openrlhf_hacpo.config import AGENT_FIELDS, AgentConfig, TrainConfig, only_for_refusal
 
 __all__ = ["build_parser", "build_config", "parse_agent_spec", "load_agents_file", "run", "main"]
 
@@ -116,23 +116,13 @@ _GROUPS = {  # help sections in --help order, with their descriptions
     "prompts": None,
     "rollout": None,
     "rewards": None,
-    "algorithm": "HACPO settings (defaults follow the official code; spec §3.f)",
+    "algorithm": "HACPO settings (defaults follow the official code; docs/algorithm.md, section 5)",
     "training": None,
     "checkpoints and logging": None,
     "evaluation": "greedy accuracy of each agent alone, and pass@k",
     "reliability and network": None,
 }
 _FLAGS = field_flags(TrainConfig)
-
-
-def _refusal(algo: HACPOConfig, only_for: str) -> str | None:
-    """Why ``algo`` refuses the flags marked ``option(only_for=...)``, or None when it takes them: every such flag
-    shapes foreign rows, and ``hacpo`` ones also assume the cross clip that naive does not apply."""
-    if not algo.trains_on_foreign:
-        return "it trains each agent on its own rollouts only"
-    if only_for == "hacpo" and algo.algorithm != "hacpo":
-        return f"{algo.algorithm} applies the self clip to every row"
-    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,9 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_algorithm_flags(preset: HACPOConfig, name: str, given: Sequence[FieldFlag]) -> None:
-    """Refuse the algorithm flags given on the command line that ``preset`` has no use for."""
+    """Refuse the algorithm flags given on the command line that ``preset`` has no use for, even at their default
+    value (the config itself refuses such fields only when they differ from the default: see
+    :func:`~openrlhf_hacpo.config.only_for_refusal`)."""
     refused = [(ff.flag, why) for ff in given if "only_for" in ff.meta
-               for why in [_refusal(preset, ff.meta["only_for"])] if why]
+               for why in [only_for_refusal(preset, ff.meta["only_for"])] if why]
     if refused:
         raise ValueError(f"--algorithm {name} is incompatible with {', '.join(f for f, _ in refused)}: "
                          f"{refused[0][1]}")

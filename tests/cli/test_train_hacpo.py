@@ -1,11 +1,12 @@
-"""The CLI's flag parsing and the typed run configuration (no models, no workers)."""
+"""``train_hacpo``'s command line: flags and agent specs into a :class:`TrainConfig`, the errors it prints (no models,
+no workers). The config's own rules are tested in ``tests/test_config.py``, the flag generator in ``test_flags.py``."""
 from __future__ import annotations
 
 import pytest
 
 from openrlhf_hacpo.algorithms import HACPOConfig
 from openrlhf_hacpo.cli.train_hacpo import build_config, build_parser, load_agents_file, main, parse_agent_spec
-from openrlhf_hacpo.config import AgentConfig, TrainConfig
+from openrlhf_hacpo.config import TrainConfig
 
 BASE = ["--prompt_data", "data.jsonl", "--agent", "name=a,pretrain=/m/a", "--agent", "name=b,pretrain=/m/b",
         "--rollout_batch_size", "4", "--n_samples_per_prompt", "2", "--train_batch_size", "8",
@@ -82,12 +83,28 @@ def test_presets_for_baselines_and_ablations():
     (["--ratio_level", "token"], "ratio_level='token'"),
     (["--no_ray", "--rollout_backend", "vllm"], "needs Ray"),
     (["--temperature", "0"], "temperature"),
+    (["--top_p", "1.5"], "--top_p (TrainConfig.top_p) must be <= 1, got 1.5"),
     (["--eval_steps", "2"], "eval_data"),
     (["--save_steps", "0"], "save_steps"),
 ])
 def test_incompatible_flags_are_rejected(extra, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         build_config(BASE + extra)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--algorithm", "gspo", "--alpha", "1.0"], "--algorithm gspo is incompatible with --alpha: it trains each agent on "
+                                                "its own rollouts only"),
+    (["--algorithm", "naive", "--cross_clip_delta", "0.2", "--no_stepwise"],
+     "--algorithm naive is incompatible with --cross_clip_delta, --no_stepwise: naive applies the self clip to every "
+     "row"),
+])
+def test_algorithm_only_flags_are_refused_when_typed_even_at_their_default(extra, message):
+    """The command line refuses an algorithm-only flag the user typed, whatever its value; a config built any other
+    way is refused when such a field differs from its default (``tests/test_config.py``)."""
+    with pytest.raises(ValueError) as info:
+        build_config(BASE + ["--train_batch_size", "4"] * ("gspo" in extra) + extra)
+    assert str(info.value) == message
 
 
 def test_agent_spec_errors_name_the_setting():
@@ -97,7 +114,7 @@ def test_agent_spec_errors_name_the_setting():
         parse_agent_spec("name=a,pretrain=/m,zero_stage=two")
     with pytest.raises(ValueError, match="missing the required setting 'pretrain'"):
         parse_agent_spec("name=a")
-    with pytest.raises(ValueError, match=r"zero_stage must be 0, 1, 2 or 3"):
+    with pytest.raises(ValueError, match=r"\(agent 'a'\): AgentConfig\.zero_stage must be one of \[0, 1, 2, 3\], got 4"):
         parse_agent_spec("name=a,pretrain=/m,zero_stage=4")
     with pytest.raises(ValueError, match="names must be unique"):
         build_config(["--prompt_data", "d.jsonl", "--agent", "name=a,pretrain=/m", "--agent", "name=a,pretrain=/n"])
@@ -136,15 +153,6 @@ def test_train_config_round_trip():
         TrainConfig.from_dict({**cfg.to_dict(), "bogus": 1})
 
 
-def test_dataclass_validation_names_fields():
-    with pytest.raises(ValueError, match=r"AgentConfig.name"):
-        AgentConfig(name="bad name", pretrain="/m")
-    with pytest.raises(ValueError, match="top_p"):
-        TrainConfig(agents=[AgentConfig("a", "/m")], prompt_data="d", top_p=1.5)
-    with pytest.raises(ValueError, match="adam_betas"):
-        TrainConfig(agents=[AgentConfig("a", "/m")], prompt_data="d", adam_betas=(0.9, 1.0))
-
-
 def test_token_level_ratios_is_one_fact():
     def algo(*argv):
         return build_config(BASE + ["--train_batch_size", "4", *argv]).algo
@@ -161,18 +169,3 @@ def test_token_level_ratios_is_one_fact():
 def test_uses_kl_follows_kl_coef():
     assert build_config(BASE).algo.loss.uses_kl  # 0.001 by default
     assert not build_config(BASE + ["--init_kl_coef", "0"]).algo.loss.uses_kl
-
-
-def test_enum_tuples_come_from_the_rollout_layer():
-    from openrlhf_hacpo import config
-    from openrlhf_hacpo.rollout import trajectory, views
-
-    assert config.MINIBATCH_ORDERS is views.MINIBATCH_ORDERS
-    assert config.EOS_POLICIES is trajectory.EOS_POLICIES
-
-
-@pytest.mark.parametrize("name, value", [("eos_policy", "trim"), ("minibatch_order", "random"), ("device", "tpu"),
-                                         ("rollout_backend", "sglang"), ("wandb_mode", "on"), ("zero_stage", 4)])
-def test_choices_are_checked_by_the_dataclass(name, value):
-    with pytest.raises(ValueError, match=f"^{name} must be one of"):
-        TrainConfig(agents=[AgentConfig("a", "/m")], prompt_data="d", **{name: value})

@@ -87,6 +87,7 @@ class Toy:
     pair: tuple[float, float] = option((0.1, 0.2), group="main", help="two numbers")
     mode: str = option("a", group="main", choices=("a", "b"), help="a mode")
     hidden: int = 3
+    bounded: float = option(0.0, ge=0)  # a range but no help: no flag
     section: Section = field(default_factory=Section, metadata={"group": "main"})
 
 
@@ -113,7 +114,8 @@ def test_each_kind_of_flag_reads_back_to_the_field_value():
     assert parse_toy(["--timeout", "5"])["timeout"] == 5.0
 
 
-@pytest.mark.parametrize("argv", [["--eager", "--lazy"], ["--mode", "c"], ["--size", "x"], ["--hidden", "1"]])
+@pytest.mark.parametrize("argv", [["--eager", "--lazy"], ["--mode", "c"], ["--size", "x"], ["--hidden", "1"],
+                                  ["--bounded", "1"]])
 def test_bad_flags_are_refused(argv):
     with pytest.raises(SystemExit):
         parse_toy(argv)
