@@ -121,14 +121,14 @@ def build_model(name: str, dtype: torch.dtype, device: str, vocab: int = LARGE_V
 
 
 def make_batch(model, pad_id: int, shape: Shape, device: str) -> dict:
-    from openrlhf_hacpo.models.logprobs import rows_to_batch
+    from openrlhf_hacpo.utils.padding import pack_rows
 
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(1)
     low = 1 if pad_id == 0 else 0  # keep the pad id out of the random tokens
     prompts = torch.randint(low, vocab, (shape.rows, shape.prompt), generator=gen).tolist()
     responses = torch.randint(low, vocab, (shape.rows, shape.response), generator=gen).tolist()
-    return rows_to_batch(prompts, responses).to_padded(pad_id, device=device)
+    return {k: v.to(device) for k, v in pack_rows(prompts, responses, pad_id).items()}
 
 
 def make_step(case: Case, model, padded: dict):

@@ -31,7 +31,8 @@ for entry in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(entry))
 
 from openrlhf_hacpo.algorithms import PolicyLossConfig, PolicyLossInput, get_policy_loss  # noqa: E402
-from openrlhf_hacpo.models import response_logprobs, rows_to_batch  # noqa: E402
+from openrlhf_hacpo.models import response_logprobs  # noqa: E402
+from openrlhf_hacpo.utils.padding import pack_rows  # noqa: E402
 from openrlhf_hacpo.zoo.models import ModelSpec, build_model  # noqa: E402
 from openrlhf_hacpo.zoo.tokenizers import build_tokenizer  # noqa: E402
 from results_io import RESULTS_DIR, save_results  # noqa: E402
@@ -46,7 +47,7 @@ def make_batch(vocab: int, rows: int, prompt_len: int, response_len: int, seed: 
         r = int(torch.randint(response_len // 4, response_len + 1, (), generator=gen))
         prompts.append(torch.randint(3, vocab, (p,), generator=gen).tolist())
         responses.append(torch.randint(3, vocab, (r,), generator=gen).tolist())
-    padded = rows_to_batch(prompts, responses).to_padded(0)
+    padded = pack_rows(prompts, responses, 0)
     is_own = torch.arange(rows) % 2 == 0
     advantages = torch.randn(rows, generator=gen)
     coef = torch.where(is_own, 1.0, 0.5 + torch.rand(rows, generator=gen))

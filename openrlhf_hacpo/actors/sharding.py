@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Sequence
 
-from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig, derive_seed
+from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
+from openrlhf_hacpo.utils.seeding import derive_seed
 from openrlhf_hacpo.utils.partition import split_evenly
 
 __all__ = ["outputs_for_shard", "reindex", "shard_sampling", "split_shards"]

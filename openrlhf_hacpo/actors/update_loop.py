@@ -27,7 +27,7 @@ from openrlhf_hacpo.actors.results import RankTrainResult, StepTimings
 from openrlhf_hacpo.algorithms import compute_advantages, get_policy_loss
 from openrlhf_hacpo.algorithms.losses import PolicyLossInput
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
-from openrlhf_hacpo.engines.base import derive_seed
+from openrlhf_hacpo.utils.seeding import derive_seed
 from openrlhf_hacpo.models import response_logprobs
 from openrlhf_hacpo.rollout import LearnerBatch, LearnerViewConfig, Trajectory, build_learner_batch
 from openrlhf_hacpo.utils.padding import pad_values

@@ -7,7 +7,6 @@ from openrlhf_hacpo.engines.base import (
     RolloutEngine,
     SamplingConfig,
     cut_at_eos,
-    derive_seed,
     validate_prompts,
 )
 from openrlhf_hacpo.engines.hf_generate import HFGenerateEngine, resolve_eos_token_ids
@@ -27,7 +26,6 @@ __all__ = [
     "RolloutEngine",
     "SamplingConfig",
     "cut_at_eos",
-    "derive_seed",
     "resolve_eos_token_ids",
     "validate_prompts",
     *_LAZY,

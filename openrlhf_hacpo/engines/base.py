@@ -7,7 +7,6 @@ prompt-major order, and accept new weights through `update_weights`.
 """
 from __future__ import annotations
 
-import hashlib
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -15,21 +14,10 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+from openrlhf_hacpo.utils.seeding import derive_seed
+
 FinishReason = Literal["stop", "length"]
 NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
-
-_SEED_MODULUS = 2**31 - 1
-
-
-def derive_seed(base_seed: int, *keys: int | str) -> int:
-    """A deterministic seed in [0, 2^31 - 1) derived from `base_seed` and `keys` (e.g. the step, the prompt index).
-
-    Hash-based, so nearby inputs give unrelated seeds: `derive_seed(s, step)` for consecutive steps does not make
-    correlated random streams, and the result does not depend on Python's per-process hash randomisation.
-    """
-    text = "/".join(str(part) for part in (base_seed, *keys))
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % _SEED_MODULUS
 
 
 @dataclass(frozen=True)

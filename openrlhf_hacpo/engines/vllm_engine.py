@@ -18,9 +18,9 @@ from openrlhf_hacpo.engines.base import (
     GenerationOutput,
     NamedTensors,
     SamplingConfig,
-    derive_seed,
     validate_prompts,
 )
+from openrlhf_hacpo.utils.seeding import derive_seed
 from openrlhf_hacpo.engines.placement import (
     node_sorted_bundles,
     plan_engine_placements,

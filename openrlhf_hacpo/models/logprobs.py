@@ -26,8 +26,7 @@ import torch
 from hacpo_kernels import fused_linear_logprobs, logprobs_from_logits
 from openrlhf_hacpo.utils.padding import pack_rows
 
-__all__ = ["LOGPROB_PATHS", "ResponseLogprobs", "fused_head_unsupported", "response_logprobs", "rows_to_batch",
-           "score_logprobs"]
+__all__ = ["LOGPROB_PATHS", "ResponseLogprobs", "fused_head_unsupported", "response_logprobs", "score_logprobs"]
 
 LOGPROB_PATHS = ("fused", "logits")
 
@@ -91,9 +90,11 @@ def response_logprobs(model: Any, padded: dict[str, torch.Tensor], temperature: 
                       path: str = "fused", backend: str = "auto") -> ResponseLogprobs:
     """Log-probs at ``temperature`` of every response token of a padded batch (gradients flow when grad is on).
 
-    ``padded`` is :func:`openrlhf_hacpo.utils.padding.pack_rows` (or :meth:`LearnerBatch.to_padded`) output:
-    left-padded prompts in columns [0, P), right-padded responses in [P, P+R), explicit position ids. ``path`` is ``"fused"`` or ``"logits"`` (see the module
-    docstring); ``backend`` is the kernel backend (``auto`` | ``triton`` | ``torch``).
+    ``padded`` holds the tensors of :func:`openrlhf_hacpo.utils.padding.pack_rows` (``input_ids``,
+    ``attention_mask``, ``position_ids``, ``response_ids``, ``response_mask``; any other keys are ignored):
+    left-padded prompts in columns [0, P), right-padded responses in [P, P+R), explicit position ids. ``path`` is
+    ``"fused"`` or ``"logits"`` (see the module docstring); ``backend`` is the kernel backend (``auto`` | ``triton``
+    | ``torch``).
     """
     if path not in LOGPROB_PATHS:
         raise ValueError(f"log-prob path must be one of {LOGPROB_PATHS}, got {path!r}")
@@ -126,23 +127,6 @@ def response_logprobs(model: Any, padded: dict[str, torch.Tensor], temperature: 
         return torch.zeros(mask.shape, dtype=values.dtype, device=values.device).masked_scatter(mask, values)
 
     return ResponseLogprobs(logp=unpack(logp), entropy=unpack(entropy).detach() if with_entropy else None)
-
-
-def rows_to_batch(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]]):
-    """Wrap (prompt ids, response ids) pairs as a :class:`LearnerBatch`, to pack them with ``to_padded``."""
-    from openrlhf_hacpo.rollout import LearnerBatch, LearnerRow
-
-    if len(prompt_ids) != len(response_ids):
-        raise ValueError(f"{len(prompt_ids)} prompts for {len(response_ids)} responses")
-    rows = [
-        LearnerRow(prompt_id=str(i), prompt_ids=list(p), response_ids=list(r), is_own=True, source=0, reward=0.0,
-                   old_logp_mean=0.0, old_logp=None)
-        for i, (p, r) in enumerate(zip(prompt_ids, response_ids))
-    ]
-    for i, row in enumerate(rows):
-        if not row.prompt_ids or not row.response_ids:
-            raise ValueError(f"row {i} has an empty prompt or response")
-    return LearnerBatch(learner=0, rows=rows)
 
 
 @torch.no_grad()

@@ -13,7 +13,8 @@ import os
 from dataclasses import replace
 from typing import Any, Protocol
 
-from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig, derive_seed
+from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
+from openrlhf_hacpo.utils.seeding import derive_seed
 from openrlhf_hacpo.utils.partition import split_evenly
 
 __all__ = ["BACKENDS", "Generator", "HFGenerator", "VLLMGenerator", "make_generator"]

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from openrlhf_hacpo.utils.pass_at_k import pass_at_k
+
 __all__ = [
     "BenchmarkMetrics",
     "ScoredSample",
@@ -48,17 +50,6 @@ def mean_at_k(rewards: Sequence[float]) -> float:
     if len(rewards) == 0:
         raise ValueError("mean@k needs at least one reward")
     return float(np.mean(np.asarray(rewards, dtype=np.float64)))
-
-
-def pass_at_k(num_samples: int, num_correct: int, k: int) -> float:
-    """Unbiased pass@k of one prompt: 1 − C(n − c, k) / C(n, k) for n samples of which c are correct."""
-    if not 1 <= k <= num_samples:
-        raise ValueError(f"k must be in [1, {num_samples}], got {k}")
-    if not 0 <= num_correct <= num_samples:
-        raise ValueError(f"num_correct must be in [0, {num_samples}], got {num_correct}")
-    if num_samples - num_correct < k:
-        return 1.0
-    return 1.0 - math.comb(num_samples - num_correct, k) / math.comb(num_samples, k)
 
 
 @lru_cache(maxsize=16)

@@ -7,7 +7,6 @@ _LAZY = {
     "CheckpointManager": "openrlhf_hacpo.trainer.checkpoint",
     "MetricsLogger": "openrlhf_hacpo.trainer.metrics",
     "Evaluator": "openrlhf_hacpo.trainer.evaluation",
-    "pass_at_k": "openrlhf_hacpo.trainer.evaluation",
 }
 
 __all__ = list(_LAZY)

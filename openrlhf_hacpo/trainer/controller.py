@@ -31,7 +31,8 @@ import torch
 from openrlhf_hacpo.actors.agent_group import AgentGroup, AgentPhaseTimeout, AgentWorkerDied, Pending
 from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult
 from openrlhf_hacpo.algorithms import CapabilityTracker, step_capability
-from openrlhf_hacpo.engines.base import SamplingConfig, derive_seed
+from openrlhf_hacpo.engines.base import SamplingConfig
+from openrlhf_hacpo.utils.seeding import derive_seed
 from openrlhf_hacpo.rollout import RewardFunctionError, RewardRunner, RolloutStore
 from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
 from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from openrlhf_hacpo.data.prompts import PromptRecord, load_prompt_dataset
-from openrlhf_hacpo.engines.base import SamplingConfig, derive_seed
-from openrlhf_hacpo.reproduce.metrics import pass_at_k
+from openrlhf_hacpo.engines.base import SamplingConfig
+from openrlhf_hacpo.utils.pass_at_k import pass_at_k
+from openrlhf_hacpo.utils.seeding import derive_seed
 
 __all__ = ["Evaluator", "load_eval_records", "data_source_of"]
 

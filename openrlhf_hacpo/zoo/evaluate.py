@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from openrlhf_hacpo.data.arithmetic import Problem, arithmetic_reward
 from openrlhf_hacpo.engines import HFGenerateEngine, SamplingConfig
-from openrlhf_hacpo.reproduce.metrics import pass_at_k
+from openrlhf_hacpo.utils.pass_at_k import pass_at_k
 
 __all__ = ["EvalResult", "generate_responses", "evaluate_accuracy", "pass_at_k"]
 

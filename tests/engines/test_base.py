@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from openrlhf_hacpo.engines import GenerationOutput, SamplingConfig, cut_at_eos, derive_seed, validate_prompts
+from openrlhf_hacpo.engines import GenerationOutput, SamplingConfig, cut_at_eos, validate_prompts
+from openrlhf_hacpo.utils.seeding import derive_seed
 
 
 @pytest.mark.parametrize(

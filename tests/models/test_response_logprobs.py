@@ -20,8 +20,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from openrlhf_hacpo.models import response_logprobs, rows_to_batch
+from openrlhf_hacpo.models import response_logprobs
 from openrlhf_hacpo.utils.network import free_port
+from openrlhf_hacpo.utils.padding import pack_rows
 
 VOCAB = 97
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -45,7 +46,7 @@ def tiny_model(family: str, tied: bool, bias: bool = False, seed: int = 0) -> to
 
 
 def padded_batch(device="cpu"):
-    return rows_to_batch(PROMPTS, RESPONSES).to_padded(0, device=device)
+    return {k: v.to(device) for k, v in pack_rows(PROMPTS, RESPONSES, 0).items()}
 
 
 def reference(model: torch.nn.Module, padded, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:

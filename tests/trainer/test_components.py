@@ -11,7 +11,7 @@ import torch
 
 from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
 from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state
-from openrlhf_hacpo.reproduce.metrics import pass_at_k
+from openrlhf_hacpo.utils.pass_at_k import pass_at_k
 from openrlhf_hacpo.trainer.metrics import MetricsLogger
 from openrlhf_hacpo.utils.jsonl import read_records
 
