@@ -1,6 +1,6 @@
 """Periodic evaluation of each agent alone on validation sets: greedy accuracy and pass@k, overall and per set.
 
-At inference every agent is deployed alone (spec §1), so each is evaluated on its own: one greedy response per
+At inference every agent is deployed alone (the paper's setting), so each is evaluated on its own: one greedy response per
 prompt gives the accuracy (fraction of prompts whose response gets a reward > 0), and with ``k = eval_n_samples > 1``
 k responses sampled at ``eval_temperature`` give the unbiased pass@j estimate for j = 1, k (Chen et al. 2021):
 
