@@ -49,6 +49,8 @@ setup(
     # the kernels/ folder installs as `hacpo_kernels`, so it never shadows the Hugging Face `kernels` package
     package_dir={"hacpo_kernels": "kernels"},
     include_package_data=True,
+    # the tiny agents behind the README's tables (openrlhf_hacpo/zoo/shipped.py), with their manifests
+    package_data={"openrlhf_hacpo.zoo": ["agents/*/*"]},
     install_requires=install_requires,
     extras_require=extras_require,
     entry_points={"console_scripts": ["hacpo-train=openrlhf_hacpo.cli.train_hacpo:main"]},

@@ -1,12 +1,15 @@
 """HACPO against its baselines and ablations on the tiny agents, measured through the main job.
 
-    python benchmarks/compare_tiny.py                                  # main arms x 3 seeds, ablations x 2 seeds
+    python benchmarks/compare_tiny.py                                  # main arms x 5 seeds, ablations x 2 seeds
     python benchmarks/compare_tiny.py --arms main --jobs 2             # HACPO, GSPO, GSPO x2, Naive only
     python benchmarks/compare_tiny.py --arms hacpo,gspo --seeds 0 --steps 20   # a quick end-to-end check
     python benchmarks/compare_tiny.py --report_only                    # tables from the runs already on disk
 
 Every arm is one run of ``python -m openrlhf_hacpo.cli.tiny run`` (so of the normal ``train_hacpo`` command) with
 the preset's RL settings; runs with the same seed see the same prompt batches, so arms are compared paired by seed.
+Every run trains the agents that ship with the package (``--rebuild``: agents built on this machine from the same
+recipes); the report names them by their fingerprints (sha256 of the weights), and a run folder that holds a run of
+other agents is refused rather than mixed in.
 
 Arms (G = the preset's group size, 8):
 
@@ -31,7 +34,8 @@ Arms (G = the preset's group size, 8):
 Per arm and agent it reports the final test accuracy (mean of the last two periodic evaluations; mean ± sample std
 over seeds), rollouts generated, wall time, tokens/s, seconds per phase, and the foreign-ratio statistics logged
 by the trainer. It writes ``benchmarks/results/tiny_<preset>.{md,json,png}`` (``tiny_<preset>_<N>steps`` for a
-non-default step count) atomically. A run whose folder already holds a ``summary.json`` with the same settings
+non-default step count) atomically; the JSON also holds each arm's settings, so the main job can put a run beside
+its arm's seed spread (:mod:`openrlhf_hacpo.zoo.reference`). A run whose folder already holds a ``summary.json`` with the same settings
 is not repeated, so the comparison can be run in pieces.
 """
 from __future__ import annotations
@@ -55,8 +59,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from openrlhf_hacpo.utils.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
-from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS, build_zoo, get_preset
+from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS, get_preset
 from openrlhf_hacpo.zoo.job import default_runs_dir
+from openrlhf_hacpo.zoo.shipped import agent_folders, agent_records
 from openrlhf_hacpo.zoo.reports import (
     agent_step_stats,
     aggregate_arm,
@@ -148,7 +153,7 @@ GROUPS = {"main": [a for a in ARMS if ARMS[a].kind == "main"],
           "ablations": [a for a in ARMS if ARMS[a].kind == "ablation"],
           "levers": [a for a in ARMS if ARMS[a].kind == "lever"]}
 GROUPS["all"] = GROUPS["main"] + GROUPS["ablations"]
-DEFAULT_SEEDS = {"main": (0, 1, 2), "ablation": (0, 1), "lever": (0, 1)}
+DEFAULT_SEEDS = {"main": (0, 1, 2, 3, 4), "ablation": (0, 1), "lever": (0, 1)}
 
 
 def _log(message: str) -> None:
@@ -160,32 +165,54 @@ def run_dir(root: Path, arm: Arm, seed: int) -> Path:
     return root / arm.name / f"seed{seed}"
 
 
-def run_command(arm: Arm, preset, seed: int, steps: int, output: Path) -> list[str]:
+def run_command(arm: Arm, preset, seed: int, steps: int, output: Path, rebuild: bool = False) -> list[str]:
     """The main-job command of one arm and seed."""
     cmd = [sys.executable, "-m", "openrlhf_hacpo.cli.tiny", "run", "--preset", preset.name,
            "--algorithm", arm.algorithm, "--n_samples_per_prompt", str(arm.group_size(preset)),
            "--steps", str(steps), "--seed", str(seed), "--output", str(output), "--no_progress_bar"]
+    if rebuild:
+        cmd.append("--rebuild")
     flags = arm.trainer_flags(preset)
     return cmd + (["--", *flags] if flags else [])
 
 
-def finished(arm: Arm, preset, seed: int, steps: int, output: Path) -> bool:
-    """True when ``output`` holds the summary of exactly this arm, seed and step count."""
+def arm_settings(arm: Arm, preset) -> dict[str, Any]:
+    """What a run of ``arm`` records in its summary, and the main job matches against the report's arms."""
+    return {"algorithm": arm.algorithm, "n_samples_per_prompt": arm.group_size(preset),
+            "extra_args": arm.trainer_flags(preset)}
+
+
+def run_fingerprints(summary: Mapping[str, Any]) -> dict[str, str | None]:
+    """``{agent: weights fingerprint}`` a run recorded (``None`` for runs made before agents had fingerprints)."""
+    used = summary["run"].get("agents_used") or {}
+    return {name: (used.get(name) or {}).get("fingerprint") for name in summary["agents"]}
+
+
+def finished(arm: Arm, preset, seed: int, steps: int, output: Path,
+             fingerprints: Mapping[str, str] | None = None) -> bool:
+    """True when ``output`` holds the summary of exactly this arm, seed and step count (and, when ``fingerprints``
+    is given, of exactly these agents)."""
     summary = load_summary(output)
     if summary is None:
         return False
     run = summary["run"]
-    wanted = {"preset": preset.name, "algorithm": arm.algorithm, "seed": seed, "steps": steps,
-              "n_samples_per_prompt": arm.group_size(preset), "extra_args": arm.trainer_flags(preset)}
+    wanted = {"preset": preset.name, "seed": seed, "steps": steps, **arm_settings(arm, preset)}
     differs = {k: (run.get(k), v) for k, v in wanted.items() if run.get(k) != v}
     if differs:
         raise ValueError(f"{output} holds a run with other settings {differs}; remove it or use another --runs_dir")
+    if fingerprints is not None:
+        ran = run_fingerprints(summary)
+        if ran != dict(fingerprints):
+            raise ValueError(f"{output} holds a run of other agents (fingerprints {ran}, now {dict(fingerprints)}); "
+                             "remove it or use another --runs_dir")
     return True
 
 
-def run_all(jobs: Sequence[tuple[Arm, int]], preset, steps: int, root: Path, lanes: int) -> list[str]:
+def run_all(jobs: Sequence[tuple[Arm, int]], preset, steps: int, root: Path, lanes: int,
+            fingerprints: Mapping[str, str] | None = None, rebuild: bool = False) -> list[str]:
     """Run the missing (arm, seed) jobs on ``lanes`` parallel lanes; returns the failures."""
-    todo = [(arm, seed) for arm, seed in jobs if not finished(arm, preset, seed, steps, run_dir(root, arm, seed))]
+    todo = [(arm, seed) for arm, seed in jobs
+            if not finished(arm, preset, seed, steps, run_dir(root, arm, seed), fingerprints)]
     skipped = len(jobs) - len(todo)
     if skipped:
         _log(f"{skipped} run(s) already done, {len(todo)} to go")
@@ -197,7 +224,7 @@ def run_all(jobs: Sequence[tuple[Arm, int]], preset, steps: int, root: Path, lan
         arm, seed = job
         out = run_dir(root, arm, seed)
         out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = run_command(arm, preset, seed, steps, out)
+        cmd = run_command(arm, preset, seed, steps, out, rebuild)
         with lock:
             _log(f"start {arm.name} seed {seed} ({next(counter)}/{len(todo)}): {shlex.join(cmd[1:])}")
         t0 = time.perf_counter()
@@ -313,15 +340,15 @@ def foreign_ratio_probe(folders: Mapping[str, Path], prompts: Sequence[Any], gro
     return out
 
 
-def ratio_probes(root: Path, preset, found: Mapping[str, Mapping[int, Any]], num_prompts: int = 64
-                 ) -> dict[str, Any]:
+def ratio_probes(root: Path, preset, found: Mapping[str, Mapping[int, Any]], start: Mapping[str, Path],
+                 num_prompts: int = 64) -> dict[str, Any]:
     """The ratio probe on the warm-started agents and on the final agents of each seed-0 sharing run (cached in
     ``<root>/ratio_probe.json``)."""
     from openrlhf_hacpo.data import make_splits
 
     cache_path = root / "ratio_probe.json"
     cache = json.loads(cache_path.read_text(encoding="utf-8")) if cache_path.is_file() else {}
-    targets = {"start (warm-started agents)": build_zoo(preset.agents, progress=False)}
+    targets = {"start (warm-started agents)": dict(start)}
     for arm in ("hacpo", "naive"):
         if 0 in found.get(arm, {}):
             folder = run_dir(root, ARMS[arm], 0) / "hf"
@@ -342,6 +369,21 @@ def ratio_probes(root: Path, preset, found: Mapping[str, Mapping[int, Any]], num
 
 
 # ---------------------------------------------------------------------------------------------------------- report
+def _agents_line(meta: Mapping[str, Any]) -> str:
+    """Which agents the runs trained, by weights fingerprint (sha256 of ``model.safetensors``, 12 hex digits)."""
+    records = meta.get("agent_fingerprints")
+    if not records:
+        return "Agents: built on first use before the agents shipped with the package (no fingerprints recorded)."
+    parts = []
+    for name, r in records.items():
+        if r["source"] == "shipped":
+            parts.append(f"{name} `{r['fingerprint']}` (shipped)")
+        else:
+            parts.append(f"{name} `{r['fingerprint']}` (rebuilt on this machine; the shipped agent is "
+                         f"`{r['shipped_fingerprint']}`)")
+    return "Agents (weights sha256): " + ", ".join(parts) + "."
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     res = report["arms"]
     meta = report["meta"]
@@ -354,6 +396,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"{meta['omp_num_threads']} thread per process, {meta['lanes']} run(s) at a time; "
         f"torch {meta['versions'].get('torch')}, transformers {meta['versions'].get('transformers')}, "
         f"deepspeed {meta['versions'].get('deepspeed')}, ray {meta['versions'].get('ray')}.  ",
+        _agents_line(meta) + "  ",
         f"{meta['steps']} steps × {meta['prompts_per_step']} prompts, lr 3e-4 (10-step warmup), T = 1, one optimizer "
         "update per step unless stated. **Final** = mean of the greedy test accuracies (400 L4 problems) at the last "
         "two evaluations (every 10 steps); mean ± sample std over seeds. Arms with the same seed see the same prompts.",
@@ -491,8 +534,10 @@ def render_plot(report: Mapping[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def collect(root: Path, preset, steps: int) -> dict[str, dict[int, Any]]:
-    """Every finished run under ``root`` for the known arms, ``{arm: {seed: summary}}``."""
+def collect(root: Path, preset, steps: int, fingerprints: Mapping[str, str] | None = None
+            ) -> dict[str, dict[int, Any]]:
+    """Every finished run under ``root`` for the known arms, ``{arm: {seed: summary}}`` (runs of other agents than
+    ``fingerprints`` are refused)."""
     found: dict[str, dict[int, Any]] = {}
     for name, arm in ARMS.items():
         folder = root / name
@@ -502,7 +547,7 @@ def collect(root: Path, preset, steps: int) -> dict[str, dict[int, Any]]:
             if not (sub.is_dir() and sub.name.startswith("seed") and sub.name[4:].isdigit()):
                 continue
             seed = int(sub.name[4:])
-            if finished(arm, preset, seed, steps, sub):
+            if finished(arm, preset, seed, steps, sub, fingerprints):
                 found.setdefault(name, {})[seed] = _with_current_foreign_stats(load_summary(sub), sub)
     return found
 
@@ -522,12 +567,17 @@ def _with_current_foreign_stats(summary: dict[str, Any], run_dir: Path) -> dict[
     return summary
 
 
-def write_report(root: Path, preset, steps: int, results_dir: Path, stem: str, command: str, lanes: int) -> Path | None:
-    found = collect(root, preset, steps)
+def write_report(root: Path, preset, steps: int, results_dir: Path, stem: str, command: str, lanes: int,
+                 folders: Mapping[str, Path]) -> Path | None:
+    """Aggregate the runs under ``root`` of the agents in ``folders`` into ``<results_dir>/<stem>.{json,md,png}``."""
+    records = agent_records(folders)
+    fingerprints = {name: r["fingerprint"] for name, r in records.items()}
+    found = collect(root, preset, steps, fingerprints)
     if not found:
         _log(f"no finished runs under {root}")
         return None
-    arms = {name: aggregate_arm(found[name]) for name in ARMS if name in found}
+    arms = {name: {"settings": arm_settings(ARMS[name], preset), **aggregate_arm(found[name])}
+            for name in ARMS if name in found}
     any_run = next(iter(next(iter(found.values())).values()))["run"]
     history = root / COMMANDS_FILE
     commands = list(dict.fromkeys(history.read_text(encoding="utf-8").split("\n"))) if history.is_file() else []
@@ -535,6 +585,8 @@ def write_report(root: Path, preset, steps: int, results_dir: Path, stem: str, c
     report = {
         "meta": {
             "preset": preset.name, "agents": list(preset.agent_names), "steps": steps,
+            "agent_fingerprints": {name: {k: r[k] for k in ("fingerprint", "source", "shipped_fingerprint",
+                                                             "spec_hash")} for name, r in records.items()},
             "prompts_per_step": preset.rl.prompts_per_step, "commands": commands,
             "date": datetime.date.today().isoformat(), "cpu_count": any_run.get("cpu_count"),
             "machine": platform.machine(), "omp_num_threads": any_run.get("omp_num_threads"), "lanes": lanes,
@@ -542,7 +594,7 @@ def write_report(root: Path, preset, steps: int, results_dir: Path, stem: str, c
         },
         "arms": arms,
         "goals": goal_checks(arms),
-        "ratio_probe": ratio_probes(root, preset, found),
+        "ratio_probe": ratio_probes(root, preset, found, folders),
         "paired": {f"{a} - {b}": paired_differences(arms[a], arms[b])
                    for a, b in [*MAIN_COMPARISONS, *((n, ARMS[n].reference) for n in ARMS)]
                    if a in arms and b in arms},
@@ -592,6 +644,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="where run folders go [<runs>/compare_tiny/<preset>-<steps>steps]")
     parser.add_argument("--results_dir", type=Path, default=RESULTS_DIR)
     parser.add_argument("--report_only", action="store_true", help="only aggregate the runs already on disk")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="agents built on this machine instead of the shipped ones (default runs folder "
+                        "<runs>/compare_tiny/<preset>-<steps>steps-rebuilt)")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
@@ -605,24 +660,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     preset = get_preset(args.preset)
     steps = args.steps or preset.rl.num_steps
-    root = args.runs_dir or default_runs_dir() / "compare_tiny" / f"{preset.name}-{steps}steps"
+    root = args.runs_dir or (default_runs_dir() / "compare_tiny"
+                             / f"{preset.name}-{steps}steps{'-rebuilt' if args.rebuild else ''}")
     stem = f"tiny_{preset.name}" if steps == preset.rl.num_steps else f"tiny_{preset.name}_{steps}steps"
     command = "python benchmarks/compare_tiny.py " + shlex.join(sys.argv[1:] if argv is None else list(argv))
 
+    folders = agent_folders(preset.agents, rebuild=args.rebuild, progress=True, jobs=2)
+    fingerprints = {name: r["fingerprint"] for name, r in agent_records(folders).items()}
     failures: list[str] = []
     if not args.report_only:
         root.mkdir(parents=True, exist_ok=True)
         with open(root / COMMANDS_FILE, "a", encoding="utf-8") as f:
             f.write(command.strip() + "\n")
-        build_zoo(preset.agents, progress=True, jobs=2)
         jobs = []
         arm_seeds = {a: seeds or DEFAULT_SEEDS[ARMS[a].kind] for a in arms}
         for seed in sorted({s for ss in arm_seeds.values() for s in ss}):
             jobs += [(ARMS[a], seed) for a in arms if seed in arm_seeds[a]]
         t0 = time.perf_counter()
-        failures = run_all(jobs, preset, steps, root, args.jobs)
+        failures = run_all(jobs, preset, steps, root, args.jobs, fingerprints, args.rebuild)
         _log(f"runs finished in {time.perf_counter() - t0:.0f} s")
-    path = write_report(root, preset, steps, args.results_dir, stem, command.strip(), args.jobs)
+    path = write_report(root, preset, steps, args.results_dir, stem, command.strip(), args.jobs, folders)
     if path is not None:
         _log(f"report: {path}")
         print(path.read_text(encoding="utf-8"))

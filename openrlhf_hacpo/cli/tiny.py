@@ -1,12 +1,14 @@
 """The embedded default: tiny heterogeneous agents learn 3-digit addition together on a CPU, in minutes.
 
-    python -m openrlhf_hacpo.cli.tiny prepare  [--preset model]            # build the agents, export the task
+    python -m openrlhf_hacpo.cli.tiny prepare  [--preset model]            # check the agents, export the task
     python -m openrlhf_hacpo.cli.tiny run      [--preset model] [--algorithm hacpo] [--seed 0] [-- TRAINER FLAGS]
     python -m openrlhf_hacpo.cli.tiny evaluate [--preset model | --run runs/tiny-model-hacpo-s0]
 
-``run`` is the main job (:func:`openrlhf_hacpo.zoo.job.run_main_job`: build, evaluate, train through the
-``train_hacpo`` command, evaluate again, ``summary.json`` and ``validation.png`` in the run folder); the summary,
-table and plot come from :mod:`openrlhf_hacpo.zoo.reports`. This module only parses the command line; it imports
+``run`` is the main job (:func:`openrlhf_hacpo.zoo.job.run_main_job`: the shipped agents, evaluate, train through
+the ``train_hacpo`` command, evaluate again, the table beside the README's numbers, ``summary.json`` and
+``validation.png`` in the run folder); the summary, table and plot come from :mod:`openrlhf_hacpo.zoo.reports`.
+Every command takes the agents that ship with the package; ``--rebuild`` takes agents built on this machine from
+the same recipes instead (built once into the zoo cache), which results name by their own fingerprints. This module only parses the command line; it imports
 the zoo inside the commands, after :func:`main` has set the environment defaults (one thread, quiet Hugging Face
 progress bars) that those libraries read when they are imported.
 """
@@ -26,11 +28,12 @@ __all__ = ["build_parser", "main"]
 
 # ---------------------------------------------------------------------------------------------------------- commands
 def _cmd_prepare(args: argparse.Namespace) -> int:
-    from openrlhf_hacpo.zoo import build_zoo, get_preset
+    from openrlhf_hacpo.zoo import get_preset
     from openrlhf_hacpo.zoo.job import export_task_data
+    from openrlhf_hacpo.zoo.shipped import agent_folders
 
     preset = get_preset(args.preset)
-    paths = build_zoo(preset.agents, args.cache_dir, progress=True, jobs=args.jobs)
+    paths = agent_folders(preset.agents, args.cache_dir, rebuild=args.rebuild, progress=True, jobs=args.jobs)
     data = export_task_data(preset.rl, args.data_dir, args.cache_dir)
     for name, path in paths.items():
         print(f"{name}: {path}")
@@ -44,7 +47,7 @@ def _cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
     cfg = MainJobConfig(preset=args.preset, algorithm=args.algorithm, n_samples_per_prompt=args.n_samples_per_prompt,
                         steps=args.steps, seed=args.seed, eval_steps=args.eval_steps, output=args.output,
-                        cache_dir=args.cache_dir, data_dir=args.data_dir, build_jobs=args.jobs,
+                        cache_dir=args.cache_dir, data_dir=args.data_dir, rebuild=args.rebuild, build_jobs=args.jobs,
                         extra_args=tuple(extra), progress=not args.no_progress_bar)
     run_main_job(cfg)
     return 0
@@ -52,8 +55,9 @@ def _cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
     from openrlhf_hacpo.data import make_splits
-    from openrlhf_hacpo.zoo import build_zoo, get_preset
+    from openrlhf_hacpo.zoo import get_preset
     from openrlhf_hacpo.zoo.job import evaluate_folders, task_config
+    from openrlhf_hacpo.zoo.shipped import agent_folders
 
     preset = get_preset(args.preset)
     rl = preset.rl
@@ -63,7 +67,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"--run {args.run}: no hf/ folder (has the run finished?)")
         folders = {p.name: p for p in sorted(hf.iterdir()) if p.is_dir()}
     else:
-        folders = build_zoo(preset.agents, args.cache_dir, progress=True, jobs=args.jobs)
+        folders = agent_folders(preset.agents, args.cache_dir, rebuild=args.rebuild, progress=True, jobs=args.jobs)
     problems = make_splits(task_config(rl))[args.split]
     if args.max_problems is not None:
         problems = problems[: args.max_problems]
@@ -91,9 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="agents: model (llamaS + qwenM), size, state, three")
     common.add_argument("--cache_dir", "--cache-dir", type=Path, default=None,
                         help="zoo folder (default: $HACPO_CACHE_DIR/zoo or <repo>/.cache/zoo)")
-    common.add_argument("--jobs", type=int, default=2, help="parallel processes for building missing agents")
+    common.add_argument("--rebuild", action="store_true",
+                        help="use agents built on this machine from the shipped agents' recipes (built once into the "
+                        "zoo cache; a few minutes) instead of the shipped agents; results name them by their own "
+                        "fingerprints")
+    common.add_argument("--jobs", type=int, default=2, help="parallel processes for building agents (--rebuild)")
 
-    p = sub.add_parser("prepare", parents=[common], help="build the preset's agents and export the task jsonl")
+    p = sub.add_parser("prepare", parents=[common], help="check the preset's agents and export the task jsonl")
     p.add_argument("--data_dir", "--data-dir", type=Path, default=None, help="where train/eval jsonl go")
 
     p = sub.add_parser("run", parents=[common], help="the main job: evaluate, train together, evaluate again")

@@ -1,10 +1,11 @@
 """Tiny heterogeneous agents for the arithmetic task: tokenizers, model configs, warm start, cache and presets.
 
-    from openrlhf_hacpo.zoo import build_zoo, load_agent
-    paths = build_zoo("model")                # {"llamaS": Path, "qwenM": Path}, built once then cached
+    from openrlhf_hacpo.zoo import agent_folders, load_agent
+    paths = agent_folders("model")            # {"llamaS": Path, "qwenM": Path}: the agents shipped with the package
     model, tokenizer = load_agent(paths["qwenM"])
+    build_zoo("model")                        # the same recipes built on this machine (cached; may differ)
 
-Command line: ``python -m openrlhf_hacpo.zoo build --preset model`` (see ``--help``).
+Command line: ``python -m openrlhf_hacpo.zoo list|verify|build|ship|eval`` (see ``--help``).
 
 The main job that trains a preset's agents together (``python -m openrlhf_hacpo.cli.tiny run``) is
 :mod:`openrlhf_hacpo.zoo.job`; its summary, table, plot and statistics over seeds are :mod:`openrlhf_hacpo.zoo.reports`
@@ -32,6 +33,7 @@ from openrlhf_hacpo.zoo.presets import (
     get_preset,
     resolve_agents,
 )
+from openrlhf_hacpo.zoo.shipped import SHIPPED_DIR, agent_folders, agent_record, verify_folder, weights_fingerprint
 from openrlhf_hacpo.zoo.tokenizers import build_bpe_tokenizer, build_char_tokenizer, build_tokenizer
 from openrlhf_hacpo.zoo.warmstart import WarmStartConfig, WarmStartResult, warm_start
 
@@ -44,9 +46,12 @@ __all__ = [
     "ModelSpec",
     "Preset",
     "RLHyperparams",
+    "SHIPPED_DIR",
     "WarmStartConfig",
     "WarmStartResult",
     "agent_dir",
+    "agent_folders",
+    "agent_record",
     "build_agent",
     "build_bpe_tokenizer",
     "build_char_tokenizer",
@@ -62,5 +67,7 @@ __all__ = [
     "read_meta",
     "resolve_agents",
     "spec_hash",
+    "verify_folder",
     "warm_start",
+    "weights_fingerprint",
 ]

@@ -1,5 +1,8 @@
 """Build tiny agents once and keep them as Hugging Face folders.
 
+The main job trains the agents that ship with the package (:mod:`openrlhf_hacpo.zoo.shipped`); this module builds
+agents from their recipes on this machine, for ``--rebuild`` and for custom agent specs.
+
 An agent lives in ``<cache_dir>/<name>-<spec hash>/`` with ``config.json``, ``model.safetensors``,
 ``generation_config.json``, the tokenizer files and ``zoo_meta.json`` (spec, hash, warm-start record, test
 accuracy, library versions). The hash covers the agent spec, the task splits and :data:`ZOO_FORMAT_VERSION`, so a
@@ -17,6 +20,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import platform
 import shutil
 import sys
 import time
@@ -151,6 +155,7 @@ def _build_into(out: Path, spec: AgentSpec, task: TaskConfig, log: Callable[[str
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "tokenizers": tokenizers.__version__,
+            "python": platform.python_version(),
         },
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

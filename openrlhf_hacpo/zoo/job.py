@@ -2,15 +2,18 @@
 
 :func:`run_main_job`
 
-1. builds the preset's agents when the zoo cache lacks them (:func:`openrlhf_hacpo.zoo.build_zoo`) and exports
-   the task's train and test splits as prompt jsonl files (:func:`export_task_data`);
+1. takes the preset's shipped agents (:func:`openrlhf_hacpo.zoo.shipped.agent_folders`, their files checked
+   against their manifests; with ``rebuild`` agents built on this machine instead) and exports the task's train and
+   test splits as prompt jsonl files (:func:`export_task_data`);
 2. evaluates every agent alone on the test split (greedy, :func:`evaluate_folders`);
 3. trains the agents together through the normal command line, ``python -m openrlhf_hacpo.cli.train_hacpo``
    (Ray + DeepSpeed, transformers-generate rollouts; flags from :func:`trainer_argv`), with the preset's
    :class:`~openrlhf_hacpo.zoo.RLHyperparams`: one optimizer update per step on the learner's whole batch, no KL
    term (no reference model), periodic greedy evaluation on the test split;
-4. evaluates the trained agents again, prints the before/after table, and writes ``summary.json`` and
-   ``validation.png`` (:mod:`openrlhf_hacpo.zoo.reports`) into the run folder.
+4. evaluates the trained agents again, prints the before/after table beside the README's seed spread for the same
+   preset, arm and agents (:mod:`openrlhf_hacpo.zoo.reference`), and writes ``summary.json`` (with the agents'
+   fingerprints and that comparison) and ``validation.png`` (:mod:`openrlhf_hacpo.zoo.reports`) into the run
+   folder.
 
 The run folder also holds what the trainer writes (``metrics.jsonl``, ``eval.jsonl``, ``hf/<agent>/``,
 ``checkpoints/``), ``train_command.sh`` (the exact trainer command) and ``tiny_run.json`` (the job's settings).
@@ -37,9 +40,11 @@ from openrlhf_hacpo.algorithms import PRESETS as ALGORITHMS
 from openrlhf_hacpo.algorithms import HACPOConfig
 from openrlhf_hacpo.data import Problem, TaskConfig, export_jsonl, make_splits
 from openrlhf_hacpo.utils.atomic import atomic_write_json, atomic_write_text
-from openrlhf_hacpo.zoo.cache import build_zoo, default_cache_dir
+from openrlhf_hacpo.zoo.cache import default_cache_dir
 from openrlhf_hacpo.zoo.evaluate import evaluate_accuracy
 from openrlhf_hacpo.zoo.presets import Preset, RLHyperparams, get_preset
+from openrlhf_hacpo.zoo.reference import compare_with_reference, load_reference, reference_path
+from openrlhf_hacpo.zoo.shipped import agent_folders, agent_records
 from openrlhf_hacpo.zoo.reports import (
     PLOT_FILE,
     SUMMARY_FILE,
@@ -112,7 +117,10 @@ class MainJobConfig:
     * ``output``: run folder (default ``<runs>/tiny-<preset>-<algorithm>-s<seed>``).
     * ``cache_dir``: zoo folder (default :func:`openrlhf_hacpo.zoo.default_cache_dir`); ``data_dir``: where the task
       jsonl files go (default: a ``tiny_data/<hash>`` folder next to the zoo folder).
-    * ``build_jobs``: parallel processes for building missing agents.
+    * ``rebuild``: train agents built on this machine from their recipes (built into ``cache_dir`` on first use)
+      instead of the shipped ones; results then name them by their own fingerprints.
+    * ``build_jobs``: parallel processes for building agents (with ``rebuild``, or for custom agent specs).
+    * ``results_dir``: where the README's ``tiny_<preset>.json`` is looked up (default ``<repo>/benchmarks/results``).
     * ``extra_args``: trainer flags appended to the generated command (they override the job's values).
     * ``progress``: the trainer's progress bar.
     """
@@ -126,9 +134,11 @@ class MainJobConfig:
     output: Path | None = None
     cache_dir: Path | None = None
     data_dir: Path | None = None
+    rebuild: bool = False
     build_jobs: int = 2
     extra_args: tuple[str, ...] = ()
     progress: bool = True
+    results_dir: Path | None = None
 
     def __post_init__(self) -> None:
         preset = self.preset if isinstance(self.preset, Preset) else None
@@ -145,6 +155,8 @@ class MainJobConfig:
                 raise ValueError(f"MainJobConfig.{name} must be an int >= 1, got {value!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ValueError(f"MainJobConfig.seed must be an int >= 0, got {self.seed!r}")
+        if not isinstance(self.rebuild, bool):
+            raise ValueError(f"MainJobConfig.rebuild must be True or False, got {self.rebuild!r}")
         if isinstance(self.build_jobs, bool) or not isinstance(self.build_jobs, int) or self.build_jobs < 1:
             raise ValueError(f"MainJobConfig.build_jobs must be an int >= 1, got {self.build_jobs!r}")
         extra = tuple(self.extra_args)
@@ -156,7 +168,7 @@ class MainJobConfig:
                 f"MainJobConfig.extra_args: {', '.join(owned)} are set by the main job; use its own options "
                 "(--preset, --algorithm, --n_samples_per_prompt, --steps, --seed, --eval_steps, --output)")
         object.__setattr__(self, "extra_args", extra)
-        for name in ("output", "cache_dir", "data_dir"):
+        for name in ("output", "cache_dir", "data_dir", "results_dir"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, Path(value).expanduser())
@@ -314,11 +326,12 @@ def run_main_job(cfg: MainJobConfig) -> dict[str, Any]:
     prepare_output(output)
     settings = {"preset": preset.name, "algorithm": cfg.algorithm, "seed": cfg.seed, "steps": cfg.num_steps,
                 "n_samples_per_prompt": cfg.group_size, "eval_steps": cfg.eval_period,
-                "extra_args": list(cfg.extra_args), "agents": list(preset.agent_names)}
+                "extra_args": list(cfg.extra_args), "agents": list(preset.agent_names), "rebuild": cfg.rebuild}
     atomic_write_json(output / MARKER_FILE, settings)
 
     _log(f"preset {preset.name!r} ({preset.description}); agents {', '.join(preset.agent_names)}", start)
-    paths = build_zoo(preset.agents, cfg.cache_dir, progress=True, jobs=cfg.build_jobs)
+    paths = agent_folders(preset.agents, cfg.cache_dir, rebuild=cfg.rebuild, progress=True, jobs=cfg.build_jobs)
+    used = agent_records(paths)
     data = export_task_data(rl, cfg.data_dir, cfg.cache_dir)
     problems = make_splits(task_config(rl))[rl.eval_split][: rl.eval_size]
     _log(f"agents ready; task data in {data['train'].parent}", start)
@@ -351,6 +364,7 @@ def run_main_job(cfg: MainJobConfig) -> dict[str, Any]:
         "wall_seconds": time.perf_counter() - start,
         "train_seconds": train_s,
         "agent_paths": {name: str(p) for name, p in paths.items()},
+        "agents_used": used,
         "command": command,
         "omp_num_threads": trainer_env().get("OMP_NUM_THREADS"),
         "cpu_count": os.cpu_count(),
@@ -360,11 +374,15 @@ def run_main_job(cfg: MainJobConfig) -> dict[str, Any]:
                             step_records=read_records(output / "metrics.jsonl"),
                             eval_records=read_records(output / "eval.jsonl"),
                             rollouts_per_step=rl.prompts_per_step * cfg.group_size)
+    ref_path = reference_path(preset.name, cfg.num_steps, rl.num_steps, cfg.results_dir)
+    reference, reason = load_reference(ref_path)
+    summary["reference"] = compare_with_reference(summary, reference, reason,
+                                                  source=ref_path.name if ref_path is not None else None)
     plot_validation(summary, output / PLOT_FILE)
     summary["run"]["wall_seconds"] = time.perf_counter() - start
     atomic_write_json(output / SUMMARY_FILE, summary)
     print()
-    print(format_table(summary))
+    print(format_table(summary, summary["reference"]))
     print()
     print(f"wall time {summary['run']['wall_seconds']:.0f} s ({summary['run']['wall_seconds'] / 60:.1f} min), "
           f"training {train_s:.0f} s; {summary['run']['rollouts_total']:,} rollouts; "

@@ -147,19 +147,43 @@ def build_summary(
     return {"run": out_run, "agents": agents}
 
 
-def format_table(summary: Mapping[str, Any]) -> str:
-    """Before/after table of a summary, one row per agent (markdown)."""
+def format_table(summary: Mapping[str, Any], comparison: Mapping[str, Any] | None = None) -> str:
+    """Before/after table of a summary, one row per agent (markdown).
+
+    With a ``comparison`` (:func:`openrlhf_hacpo.zoo.reference.compare_with_reference`) that found the README's arm,
+    each row also shows that arm's final accuracy over seeds (mean ± std, min–max, the same seed) and the range
+    expected of one run; otherwise a line under the table says why there is no comparison."""
     run = summary["run"]
+    used = run.get("agents_used") or {}
     lines = [
         f"preset {run.get('preset')} · {run.get('algorithm')} · seed {run.get('seed')} · "
         f"{run.get('steps')} steps · G={run.get('n_samples_per_prompt')}",
-        "",
-        "| agent | test acc. before | test acc. after | change | final (mean of last 2 evals) | rollouts generated |",
-        "|---|---|---|---|---|---|",
     ]
+    if used:
+        lines.append("agents: " + ", ".join(f"{n} {u['source']} {u['fingerprint']}" for n, u in used.items()))
+    compared = comparison is not None and comparison.get("status") == "compared"
+    head = "| agent | test acc. before | test acc. after | change | final (mean of last 2 evals) | rollouts generated |"
+    rule = "|---|---|---|---|---|---|"
+    if compared:
+        n = len(comparison["seeds"])
+        head += f" README final ({n} seeds) | README min–max | README same seed | expected for one run | typical |"
+        rule += "---|---|---|---|---|"
+    lines += ["", head, rule]
     for name, a in summary["agents"].items():
-        lines.append(f"| {name} | {a['acc_before']:.3f} | {a['acc_after']:.3f} | "
-                     f"{a['acc_after'] - a['acc_before']:+.3f} | {a['acc_final']:.3f} | {a['rollouts_generated']:,} |")
+        row = (f"| {name} | {a['acc_before']:.3f} | {a['acc_after']:.3f} | {a['acc_after'] - a['acc_before']:+.3f} | "
+               f"{a['acc_final']:.3f} | {a['rollouts_generated']:,} |")
+        if compared:
+            r = comparison["agents"][name]
+            interval = r["interval"]
+            row += (f" {fmt_pm(r['ref_mean'], r['ref_std'])} | {fmt(r['ref_min'])}–{fmt(r['ref_max'])} | "
+                    f"{fmt(r['ref_same_seed'])} | "
+                    + (f"{interval[0]:.3f}–{interval[1]:.3f}" if interval else "–") + " | "
+                    + {True: "yes", False: "no", None: "–"}[r["typical"]] + " |")
+        lines.append(row)
+    if comparison is not None:
+        from openrlhf_hacpo.zoo.reference import format_reference_note
+
+        lines += ["", format_reference_note(comparison)]
     return "\n".join(lines)
 
 

@@ -1,0 +1,183 @@
+"""The agents shipped with the package: files against their manifests, loading with the Auto classes, the accuracy
+their manifests record, tamper detection, which folders the main job gets, and (slow) that a rebuild on this
+machine still lands inside each agent's accuracy band."""
+import dataclasses
+import hashlib
+import json
+import shutil
+import struct
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from openrlhf_hacpo.data.arithmetic import make_splits
+from openrlhf_hacpo.zoo import AGENTS, PRESETS, build_agent, evaluate_accuracy, read_meta, spec_hash
+from openrlhf_hacpo.zoo import __main__ as zoo_cli
+from openrlhf_hacpo.zoo import shipped
+from openrlhf_hacpo.zoo.shipped import (
+    MANIFEST_FILE,
+    SHIPPED_DIR,
+    ShippedAgentError,
+    agent_folders,
+    agent_record,
+    read_manifest,
+    ship_agents,
+    verify_folder,
+)
+
+PROMPT = [{"role": "user", "content": "Q: 347+285=?"}]
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def _sha256(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _safetensors_dtypes(path):
+    """dtype of every tensor, read from the safetensors header (8-byte little-endian length, then JSON)."""
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + length])
+    return {name: entry["dtype"] for name, entry in header.items() if name != "__metadata__"}
+
+
+@pytest.mark.parametrize("name", sorted(AGENTS))
+def test_shipped_files_match_their_manifest(name):
+    folder = SHIPPED_DIR / name
+    manifest = json.loads((folder / MANIFEST_FILE).read_text())
+    on_disk = {p.name for p in folder.iterdir() if p.name != MANIFEST_FILE}
+    assert on_disk == set(manifest["files"])
+    for file, entry in manifest["files"].items():
+        assert _sha256(folder / file) == entry["sha256"], file
+        assert (folder / file).stat().st_size == entry["bytes"], file
+    assert manifest["fingerprint"] == _sha256(folder / "model.safetensors")[:12]
+    for needed in ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "zoo_meta.json"):
+        assert needed in on_disk
+    # the recipe is the current spec of that agent, so the main job takes the shipped folder for it
+    spec = AGENTS[name]
+    assert manifest["recipe"]["spec"] == json.loads(json.dumps(dataclasses.asdict(spec)))
+    assert manifest["spec_hash"] == spec_hash(spec) == read_meta(folder)["spec_hash"]
+    assert {"torch", "transformers", "tokenizers", "python"} <= set(manifest["built_with"])
+    lo, hi = spec.warm_start.target_band
+    assert manifest["warm_start"]["stop_reason"] == "band" and lo <= manifest["warm_start"]["probe_accuracy"] <= hi
+    assert verify_folder(folder) == manifest
+
+
+def test_shipped_agents_are_small():
+    total = sum(p.stat().st_size for p in SHIPPED_DIR.rglob("*") if p.is_file())
+    assert sorted(p.name for p in SHIPPED_DIR.iterdir() if p.is_dir()) == sorted(AGENTS)
+    assert total < 10 * 2**20, total
+
+
+@pytest.mark.parametrize("name", sorted(AGENTS))
+def test_shipped_agents_load_with_auto_classes_in_float32(name):
+    folder = SHIPPED_DIR / name
+    assert set(_safetensors_dtypes(folder / "model.safetensors").values()) == {"F32"}
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert type(model).__name__ == ARCHITECTURES[AGENTS[name].model.family]
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert model.config.vocab_size == len(tokenizer)
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+    prompt = tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=False)
+    assert "Q: 347+285=?" in prompt
+
+
+@pytest.mark.parametrize("name", sorted(AGENTS))
+def test_shipped_agents_reach_the_accuracy_their_manifest_records(name):
+    folder = SHIPPED_DIR / name
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    result = evaluate_accuracy(model, tokenizer, make_splits().test)
+    # greedy decoding may flip a rare near-tie on another machine: allow 4 of 400 problems
+    assert abs(result.accuracy - read_manifest(folder)["test_accuracy"]) <= 4 / 400
+
+
+def test_verify_names_the_agent_and_file_at_fault(tmp_path):
+    copy = tmp_path / "qwenM"
+    shutil.copytree(SHIPPED_DIR / "qwenM", copy)
+    assert verify_folder(copy)["name"] == "qwenM"
+
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ShippedAgentError, match=r"'qwenM'.*model\.safetensors has sha256"):
+        verify_folder(copy)
+    shutil.copy2(SHIPPED_DIR / "qwenM" / "model.safetensors", weights)
+
+    (copy / "tokenizer.json").unlink()
+    with pytest.raises(ShippedAgentError, match=r"tokenizer\.json is missing"):
+        verify_folder(copy)
+    shutil.copy2(SHIPPED_DIR / "qwenM" / "tokenizer.json", copy / "tokenizer.json")
+
+    (copy / "notes.txt").write_text("x")
+    with pytest.raises(ShippedAgentError, match="notes.txt"):
+        verify_folder(copy)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_every_preset_gets_the_shipped_agents_without_a_build(preset, monkeypatch, tmp_path):
+    def no_build(*args, **kwargs):
+        raise AssertionError("built an agent although it ships")
+
+    monkeypatch.setattr(shipped, "build_zoo", no_build)
+    folders = agent_folders(preset, tmp_path / "cache", progress=False)
+    assert folders == {name: SHIPPED_DIR / name for name in PRESETS[preset].agent_names}
+    for name, folder in folders.items():
+        record = agent_record(folder)
+        assert record["source"] == "shipped"
+        assert record["fingerprint"] == record["shipped_fingerprint"] == _sha256(folder / "model.safetensors")[:12]
+    assert not (tmp_path / "cache").exists()
+
+
+def test_rebuild_builds_and_names_the_agent_by_its_own_fingerprint(tmp_path, make_tiny_spec, capsys):
+    root, cache = tmp_path / "shipped", tmp_path / "cache"
+    spec = make_tiny_spec("llamaS", steps=2)
+    first = build_agent(spec, tmp_path / "first", progress=False)
+    ship_agents({"llamaS": first}, root)
+    assert verify_folder(root / "llamaS")["fingerprint"] == _sha256(first / "model.safetensors")[:12]
+
+    # default: the shipped folder, no build
+    assert agent_folders([spec], cache, progress=False, shipped_root=root) == {"llamaS": root / "llamaS"}
+    assert not cache.exists()
+    # rebuild: built into the cache; the same recipe and seed on one machine give the same weights
+    rebuilt = agent_folders([spec], cache, rebuild=True, progress=False, shipped_root=root)["llamaS"]
+    assert rebuilt.parent == cache and rebuilt.name == f"llamaS-{spec_hash(spec)}"
+    assert agent_record(rebuilt, root)["source"] == "shipped"
+
+    # an agent of that name with other weights is named by its own fingerprint, apart from the shipped one
+    other_spec = make_tiny_spec("llamaS", steps=3)
+    other = agent_folders([other_spec], cache, shipped_root=root)["llamaS"]
+    assert "the shipped agent was built from another spec" in capsys.readouterr().err
+    record = agent_record(other, root)
+    assert record["source"] == "built" and record["fingerprint"] == _sha256(other / "model.safetensors")[:12]
+    assert record["fingerprint"] != record["shipped_fingerprint"] == read_manifest(root / "llamaS")["fingerprint"]
+
+
+def test_zoo_cli_verify_and_ship(tmp_path, capsys, make_tiny_spec, monkeypatch):
+    assert zoo_cli.main(["verify"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in AGENTS)
+    assert zoo_cli.main(["ship", "--agents", "llamaS", "--cache-dir", str(tmp_path / "empty"),
+                         "--dest", str(tmp_path / "dest")]) == 2
+    assert "not built" in capsys.readouterr().err
+    tiny = (make_tiny_spec("qwenS", steps=2),)
+    monkeypatch.setattr(zoo_cli, "resolve_agents", lambda selection: tiny)
+    assert zoo_cli.main(["build", "--cache-dir", str(tmp_path / "c")]) == 0
+    assert zoo_cli.main(["ship", "--cache-dir", str(tmp_path / "c"), "--dest", str(tmp_path / "dest")]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["agent"] == "qwenS" and row["fingerprint"] == _sha256(tmp_path / "dest/qwenS/model.safetensors")[:12]
+    assert zoo_cli.main(["verify", "--dest", str(tmp_path / "dest")]) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(AGENTS))
+def test_a_rebuild_on_this_machine_lands_inside_the_band(name, tmp_path):
+    spec = AGENTS[name]
+    meta = read_meta(build_agent(spec, tmp_path, progress=False))
+    lo, hi = spec.warm_start.target_band
+    ws = meta["warm_start"]
+    assert ws["stop_reason"] == "band" and ws["band_hit"], ws["probes"]
+    assert lo <= ws["probe_accuracy"] <= hi
