@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from openrlhf_hacpo.algorithms import HACPOConfig
+from openrlhf_hacpo.cli.flags import field_flags
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.utils.checks import check_bool, check_int, check_real, check_str, fail
 from openrlhf_hacpo.utils.options import check_fields, check_only_for, option
@@ -216,6 +217,41 @@ def test_a_dict_config_with_an_algorithm_only_field_is_refused(algo, message):
     with pytest.raises(ValueError) as info:
         TrainConfig.from_dict(data)
     assert str(info.value) == message
+
+
+def _other_value(ff):
+    """A valid value of the field other than its default."""
+    default = ff.default
+    if ff.kind is bool:
+        return not default
+    if "choices" in ff.meta:
+        return next(c for c in ff.meta["choices"] if c != default)
+    return default + 0.1
+
+
+ONLY_FOR_FLAGS = [ff for ff in field_flags(TrainConfig) if "only_for" in ff.meta]
+
+
+@pytest.mark.parametrize("ff", ONLY_FOR_FLAGS, ids=lambda ff: ff.flag)
+def test_every_algorithm_only_field_is_refused_where_unused_and_kept_where_used(ff):
+    section, name = ff.path[1], ff.path[2]
+    value = _other_value(ff)
+    users = {"hacpo": ["hacpo"], "shared_rollouts": ["hacpo", "naive"]}[ff.meta["only_for"]]
+    for algorithm in ("hacpo", "naive", "gspo", "grpo"):
+        data = {**make(**({"train_batch_size": 4} if algorithm in ("gspo", "grpo") else {})).to_dict(),
+                "algo": {"algorithm": algorithm, section: {name: value}}}
+        if algorithm in users:
+            assert getattr(getattr(TrainConfig.from_dict(data).algo, section), name) == value
+        else:
+            with pytest.raises(ValueError, match=rf"^{ff.flag} \(\w+\.{name}\) is set to .* but algorithm "
+                                                 rf"'{algorithm}' does not use it"):
+                TrainConfig.from_dict(data)
+
+
+def test_the_algorithm_only_fields_are_the_foreign_row_settings():
+    assert sorted(ff.flag for ff in ONLY_FOR_FLAGS) == sorted([
+        "--cross_clip_delta", "--cross_clip_step", "--no_stepwise", "--no_cross_clip", "--cross_clip_high",
+        "--cross_clip_mode", "--cross_clip_dual", "--alpha", "--no_capability_coef", "--no_capability_advantage"])
 
 
 @pytest.mark.parametrize("algo", [
