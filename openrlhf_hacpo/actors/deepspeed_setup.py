@@ -2,7 +2,8 @@
 
 :func:`init_agent_process_group` joins this rank to its agent's own ``torch.distributed`` group (gloo on CPU, NCCL
 on GPU), so agents never synchronise with each other; :func:`build_policy_engine` loads the model and wraps it in
-DeepSpeed with :class:`SkippableAdamW` (how a non-finite loss skips an update) and the learning-rate schedule.
+DeepSpeed with :class:`SkippableAdamW` (how a non-finite loss skips an update) and the learning-rate schedule
+(:class:`SkipAwareScheduler`: a skipped update does not advance it).
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import torch
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.utils.network import free_port
 
-__all__ = ["PolicyEngine", "SkippableAdamW", "build_ds_config", "build_policy_engine", "init_agent_process_group"]
+__all__ = ["PolicyEngine", "SkipAwareScheduler", "SkippableAdamW", "build_ds_config", "build_policy_engine",
+           "init_agent_process_group"]
 
 
 class SkippableAdamW(torch.optim.AdamW):
@@ -38,6 +40,42 @@ class SkippableAdamW(torch.optim.AdamW):
         if self.skip_next_step:
             return None
         return super().step(closure)
+
+
+class SkipAwareScheduler:
+    """A learning-rate scheduler that does not advance on an update :class:`SkippableAdamW` skipped.
+
+    ``DeepSpeedEngine.step()`` steps the client scheduler after every optimizer step unless *its own* fp16 overflow
+    check fired; it knows nothing of a skip decided by the caller, so without this wrapper a skipped update would
+    still consume one step of the schedule (warm-up and decay would run ahead of the updates actually made). The
+    schedule's position therefore always equals the number of updates applied: lr after n applied updates is
+    ``base_lr * lr_lambda(n)``, skips or not. Everything else (``state_dict``, ``load_state_dict``,
+    ``get_last_lr``, ...) is the wrapped scheduler's, so checkpoints hold the same state as before.
+    """
+
+    def __init__(self, scheduler: Any, optimizer: SkippableAdamW) -> None:
+        self.scheduler = scheduler
+        self.optimizer = optimizer
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if self.optimizer.skip_next_step:
+            return
+        self.scheduler.step(*args, **kwargs)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state)
+
+    def get_last_lr(self) -> list[float]:
+        return self.scheduler.get_last_lr()
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names this class does not define; guards against recursion before __init__ ran
+        if name in ("scheduler", "optimizer"):
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
 
 
 def build_ds_config(cfg: TrainConfig, agent: AgentConfig) -> dict[str, Any]:
@@ -147,7 +185,7 @@ def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, total_updates: int
     model.config.use_cache = False
     optimizer = SkippableAdamW(_grouped_parameters(model, cfg.l2), lr=agent.learning_rate,
                                betas=tuple(cfg.adam_betas))
-    scheduler = _lr_scheduler(cfg, optimizer, total_updates)
+    scheduler = SkipAwareScheduler(_lr_scheduler(cfg, optimizer, total_updates), optimizer)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds_config, dist_init_required=False)
     return PolicyEngine(engine=engine, model=engine.module, client_optimizer=optimizer, scheduler=scheduler,
