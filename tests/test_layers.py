@@ -18,7 +18,7 @@ APPLICATIONS = ["zoo", "reproduce"]
 ALLOWED: dict[str, set[str]] = {
     "utils": set(),
     "algorithms": {"utils"},
-    "rollout": {"utils"},
+    "rollout": {"utils", "algorithms"},  # a learner batch builds the loss input (algorithms.PolicyLossInput)
     "data": {"utils", "rollout"},
     "models": {"utils"},
     "engines": {"utils"},
