@@ -6,10 +6,13 @@
 #   bash examples/scripts/train_hacpo_tiny.sh --preset state --seed 1      # other agents / seed
 #   bash examples/scripts/train_hacpo_tiny.sh --steps 40 -- --alpha 2      # trainer flags after --
 #
-# Sets up .venv on first use (scripts/install.sh), builds the agents when they are not cached, evaluates them,
-# trains them together through `python -m openrlhf_hacpo.cli.train_hacpo`, evaluates again and prints a
-# before/after table. Outputs go to runs/tiny-<preset>-<algorithm>-s<seed>/ (summary.json, validation.png).
-# Works from any directory.
+#   bash examples/scripts/train_hacpo_tiny.sh --rebuild                    # agents built on this machine instead
+#
+# Sets up .venv on first use (scripts/install.sh), takes the agents that ship with the package
+# (openrlhf_hacpo/zoo/agents, checked against their manifests; nothing is built), trains them together through
+# `python -m openrlhf_hacpo.cli.train_hacpo`, which evaluates them before, during and after training, and prints a
+# before/after table beside the README's seed spread for the same preset and algorithm. Outputs go to
+# runs/tiny-<preset>-<algorithm>-s<seed>/ (summary.json, validation.png). Works from any directory.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bash "$ROOT/scripts/install.sh"

@@ -5,15 +5,17 @@
 1. takes the preset's shipped agents (:func:`openrlhf_hacpo.zoo.shipped.agent_folders`, their files checked
    against their manifests; with ``rebuild`` agents built on this machine instead) and exports the task's train and
    test splits as prompt jsonl files (:func:`export_task_data`);
-2. evaluates every agent alone on the test split (greedy, :func:`evaluate_folders`);
-3. trains the agents together through the normal command line, ``python -m openrlhf_hacpo.cli.train_hacpo``
+2. trains the agents together through the normal command line, ``python -m openrlhf_hacpo.cli.train_hacpo``
    (Ray + DeepSpeed, transformers-generate rollouts; flags from :func:`trainer_argv`), with the preset's
    :class:`~openrlhf_hacpo.zoo.RLHyperparams`: one optimizer update per step on the learner's whole batch, no KL
-   term (no reference model), periodic greedy evaluation on the test split;
-4. evaluates the trained agents again, prints the before/after table beside the README's seed spread for the same
-   preset, arm and agents (:mod:`openrlhf_hacpo.zoo.reference`), and writes ``summary.json`` (with the agents'
-   fingerprints and that comparison) and ``validation.png`` (:mod:`openrlhf_hacpo.zoo.reports`) into the run
-   folder.
+   term (no reference model), greedy evaluation of every agent alone on the test split before training, every
+   ``eval_steps`` steps and after the last step (the agents evaluate in their own worker processes, side by side;
+   greedy decoding draws no random numbers, so the evaluations do not change the training);
+3. takes each agent's accuracy before and after training from those evaluations (``eval.jsonl``; evaluates the
+   folders itself, :func:`evaluate_folders`, only when an evaluation is missing), prints the before/after table
+   beside the README's seed spread for the same preset, arm and agents (:mod:`openrlhf_hacpo.zoo.reference`), and
+   writes ``summary.json`` (with the agents' fingerprints, that comparison and the seconds of each phase) and
+   ``validation.png`` (:mod:`openrlhf_hacpo.zoo.reports`) into the run folder.
 
 The run folder also holds what the trainer writes (``metrics.jsonl``, ``eval.jsonl``, ``hf/<agent>/``,
 ``checkpoints/``), ``train_command.sh`` (the exact trainer command) and ``tiny_run.json`` (the job's settings).
@@ -33,8 +35,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
-
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from openrlhf_hacpo.algorithms import PRESETS as ALGORITHMS
 from openrlhf_hacpo.algorithms import HACPOConfig
@@ -62,6 +62,7 @@ __all__ = [
     "MainJobConfig",
     "default_output",
     "default_runs_dir",
+    "accuracies_at",
     "evaluate_folders",
     "export_task_data",
     "prepare_output",
@@ -260,7 +261,7 @@ def trainer_argv(cfg: MainJobConfig, agent_paths: Mapping[str, Path], data: Mapp
         "--lr_warmup_steps", str(rl.warmup_steps), "--adam_betas", str(rl.adam_betas[0]), str(rl.adam_betas[1]),
         "--l2", "0", "--max_norm", str(rl.grad_clip),
         "--max_steps", str(cfg.num_steps), "--seed", str(cfg.seed),
-        "--eval_data", str(data["eval"]), "--eval_steps", str(cfg.eval_period),
+        "--eval_data", str(data["eval"]), "--eval_steps", str(cfg.eval_period), "--eval_before_training",
         "--save_path", str(cfg.output), "--save_steps", "-1", "--max_ckpt_num", "1", "--logging_steps", "1",
     ]
     if not cfg.progress:
@@ -282,6 +283,8 @@ def trainer_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 def evaluate_folders(folders: Mapping[str, Path], problems: Sequence[Problem], max_new_tokens: int = 40
                      ) -> dict[str, float]:
     """Greedy accuracy of each Hugging Face model folder on ``problems`` (every agent alone)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     out = {}
     for name, folder in folders.items():
         if not (Path(folder) / "config.json").is_file():
@@ -318,8 +321,22 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def accuracies_at(eval_records: Sequence[Mapping[str, Any]], names: Sequence[str], step: int | None
+                  ) -> dict[str, float] | None:
+    """``{agent: greedy accuracy}`` of the trainer's evaluation at ``step`` (``None``: each agent's last one), or
+    ``None`` when an agent has no such evaluation."""
+    out = {}
+    for name in names:
+        mine = [r for r in eval_records if r.get("agent") == name and (step is None or int(r["step"]) == step)]
+        if not mine:
+            return None
+        out[name] = float(max(mine, key=lambda r: int(r["step"]))["accuracy"])
+    return out
+
+
 def run_main_job(cfg: MainJobConfig) -> dict[str, Any]:
-    """Build, evaluate, train (through the ``train_hacpo`` command), evaluate again; returns the summary."""
+    """Take the agents, train them (through the ``train_hacpo`` command, which also evaluates them before and
+    after), report; returns the summary."""
     start = time.perf_counter()
     preset, rl = cfg.preset, cfg.preset.rl
     output = cfg.output.resolve()
@@ -336,25 +353,31 @@ def run_main_job(cfg: MainJobConfig) -> dict[str, Any]:
     problems = make_splits(task_config(rl))[rl.eval_split][: rl.eval_size]
     _log(f"agents ready; task data in {data['train'].parent}", start)
 
-    _log(f"evaluating each agent alone on {len(problems)} {rl.eval_split} problems (greedy)", start)
-    before = evaluate_folders(paths, problems, rl.max_new_tokens)
-    for name, acc in before.items():
-        _log(f"  {name}: {acc:.3f}", start)
-
     argv = trainer_argv(cfg, paths, data)
     command = [sys.executable, "-m", "openrlhf_hacpo.cli.train_hacpo", *argv]
     atomic_write_text(output / COMMAND_FILE, "#!/usr/bin/env bash\n" + shlex.join(command) + "\n")
     _log(f"training with {cfg.algorithm} for {cfg.num_steps} steps ({rl.prompts_per_step} prompts x "
-         f"G={cfg.group_size} per agent and step); trainer command in {output / COMMAND_FILE}", start)
+         f"G={cfg.group_size} per agent and step), evaluating each agent alone on {len(problems)} "
+         f"{rl.eval_split} problems (greedy) before, every {cfg.eval_period} steps and after; trainer command in "
+         f"{output / COMMAND_FILE}", start)
     t_train = time.perf_counter()
+    setup_s = t_train - start
     status = subprocess.run(command, env=trainer_env()).returncode
     train_s = time.perf_counter() - t_train
     if status != 0:
         raise RuntimeError(f"the trainer exited with status {status} (its output is above); the command is in "
                            f"{output / COMMAND_FILE}")
 
-    _log("evaluating the trained agents", start)
-    after = evaluate_folders({name: output / "hf" / name for name in paths}, problems, rl.max_new_tokens)
+    t_report = time.perf_counter()
+    evals = read_records(output / "eval.jsonl") if (output / "eval.jsonl").is_file() else []
+    before = accuracies_at(evals, list(paths), 0)
+    if before is None:
+        _log("the trainer logged no evaluation before training; evaluating the agents", start)
+        before = evaluate_folders(paths, problems, rl.max_new_tokens)
+    after = accuracies_at([r for r in evals if int(r["step"]) > 0], list(paths), None)
+    if after is None:
+        _log("the trainer logged no evaluation after training; evaluating the trained agents", start)
+        after = evaluate_folders({name: output / "hf" / name for name in paths}, problems, rl.max_new_tokens)
     run = {
         **settings,
         "heterogeneity": preset.heterogeneity,
@@ -371,8 +394,7 @@ def run_main_job(cfg: MainJobConfig) -> dict[str, Any]:
         "versions": _versions(),
     }
     summary = build_summary(run=run, acc_before=before, acc_after=after,
-                            step_records=read_records(output / "metrics.jsonl"),
-                            eval_records=read_records(output / "eval.jsonl"),
+                            step_records=read_records(output / "metrics.jsonl"), eval_records=evals,
                             rollouts_per_step=rl.prompts_per_step * cfg.group_size)
     ref_path = reference_path(preset.name, cfg.num_steps, rl.num_steps, cfg.results_dir)
     reference, reason = load_reference(ref_path)
@@ -380,6 +402,7 @@ def run_main_job(cfg: MainJobConfig) -> dict[str, Any]:
                                                   source=ref_path.name if ref_path is not None else None)
     plot_validation(summary, output / PLOT_FILE)
     summary["run"]["wall_seconds"] = time.perf_counter() - start
+    summary["run"]["phase_seconds"] = {"setup": setup_s, "train": train_s, "report": time.perf_counter() - t_report}
     atomic_write_json(output / SUMMARY_FILE, summary)
     print()
     print(format_table(summary, summary["reference"]))
