@@ -526,7 +526,9 @@ def render_plot(report: Mapping[str, Any]) -> bytes:
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend(loc="best", fontsize=8)
-    fig.suptitle(f"preset {report['meta']['preset']}: accuracy against rollouts (mean ± std over seeds)")
+    agents_note = ("" if report["meta"].get("agent_fingerprints") else
+                   "\nprevious agents, built on first use before the agents shipped (not the shipped ones)")
+    fig.suptitle(f"preset {report['meta']['preset']}: accuracy against rollouts (mean ± std over seeds){agents_note}")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
