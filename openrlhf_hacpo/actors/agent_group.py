@@ -107,9 +107,13 @@ class AgentGroup:
             if colocate and self.cfg.rollout_backend == "vllm":
                 bundles = max(dp, self.agent.vllm_num_engines * self.agent.vllm_tensor_parallel_size)
             self._placement_group = placement_group([{"GPU": 1, "CPU": 1}] * bundles, strategy="PACK")
-            wait_placement_group(self._placement_group, self.placement_timeout_s,
-                                 f"agent {self.name!r}: {bundles} GPU bundle(s) for its policy"
-                                 + (" and colocated engines" if bundles > dp else ""))
+            try:
+                wait_placement_group(self._placement_group, self.placement_timeout_s,
+                                     f"agent {self.name!r}: {bundles} GPU bundle(s) for its policy"
+                                     + (" and colocated engines" if bundles > dp else ""))
+            except TimeoutError:
+                self._placement_group = None  # removed by the wait; shutdown has nothing left to remove
+                raise
             shares = 1 + int(self.needs_reference) + int(colocate and self.cfg.rollout_backend == "vllm")
             policy_gpus = 1.0 / shares if shares > 1 else 1.0
             strategies = [{"scheduling_strategy": PlacementGroupSchedulingStrategy(
@@ -190,8 +194,9 @@ class AgentGroup:
         self._call(self.engines, method, [()] * len(self.engines), "vLLM engine", lambda v: v).result()
 
     def _wake_engines(self) -> None:
-        """Sleep mode: engines hold GPU memory only from a weight sync or a generation to the end of the next
-        generation."""
+        """Sleep mode, before a generation: wake whatever the engines still have asleep (everything, or after a
+        weight sync, which woke only the weights, the KV cache). Engines hold GPU memory only from a weight sync or
+        a generation to the end of the next generation."""
         if self._engines_sleep and not self._engines_awake:
             self._engines_call(_engine_class().wake_up)
             self._engines_awake = True
@@ -319,11 +324,12 @@ class AgentGroup:
     def sync_weights(self) -> float:
         """Copy the policy's weights into the agent's vLLM engines; returns seconds spent (0 without engines).
 
-        The path is :meth:`weight_sync_mode`'s; sleeping engines are woken first."""
+        The path is :meth:`weight_sync_mode`'s. Sleeping engines get back only their weights' memory for the copy
+        (the policy ranks empty their CUDA cache first, :meth:`PolicyIO.sync_weights_to_engines`); their KV cache
+        wakes just before the next generation (:meth:`_wake_engines`)."""
         if not self.engines:
             return 0.0
         t0 = time.perf_counter()
-        self._wake_engines()
         mode = self.weight_sync_mode()
         if mode == "broadcast" and not self._broadcast_ready:
             self._call(self.policies[:1], PolicyWorker.init_engine_weight_sync, [(self.engines,)], "policy",

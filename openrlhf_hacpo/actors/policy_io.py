@@ -83,15 +83,37 @@ class PolicyIO:
         from every rank's GPU, so each engine worker maps the copy on its own GPU (no host copy).
         Tied weights are sent under every name (vLLM keeps its own copy of a tied output projection). Returns the
         number of named tensors sent (0 on the other ranks).
+
+        Memory, as OpenRLHF orders it: every rank first empties PyTorch's CUDA cache (blocks the update freed, which
+        a colocated engine's weights need), then rank 0 wakes only the engines' *weights* (sleeping engines; the
+        KV cache wakes just before the next generation), the weights are copied, and the cache is emptied again.
         """
+        from openrlhf_hacpo.engines.weight_sync import wake_engine_weights
+
+        if mode not in ("object_store", "broadcast", "cuda_ipc"):
+            raise ValueError(f"weight sync mode must be 'object_store', 'broadcast' or 'cuda_ipc', got {mode!r}")
+        self._release_cached_memory()
+        if self.world_size > 1:
+            torch.distributed.barrier()  # every rank's cache is free before any engine memory comes back
+        if self.rank == 0:
+            wake_engine_weights(engines)
+        try:
+            return self._send_weights(engines, mode)
+        finally:
+            self._release_cached_memory()
+
+    def _release_cached_memory(self) -> None:
+        """Hand the CUDA blocks PyTorch caches but no tensor uses back to the driver (a no-op off CUDA)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _send_weights(self, engines: Sequence[Any], mode: str) -> int:
         from openrlhf_hacpo.engines.weight_sync import (
             broadcast_weights_to_engines,
             dtype_name,
             push_weights_to_engines,
         )
 
-        if mode not in ("object_store", "broadcast", "cuda_ipc"):
-            raise ValueError(f"weight sync mode must be 'object_store', 'broadcast' or 'cuda_ipc', got {mode!r}")
         if mode == "cuda_ipc":
             return self._sync_weights_cuda_ipc(engines)
         if mode == "object_store":

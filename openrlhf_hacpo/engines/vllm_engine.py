@@ -4,6 +4,11 @@
 actors (placement groups on GPU, fractional CPUs on CPU). Weights reach a running engine through
 `update_weights` (Ray object store) or through a broadcast group (`init_weight_sync_group` +
 `receive_broadcast_weights`); see `weight_sync.py` for both paths.
+
+Sleep mode (colocated engines) frees the engine's GPU memory in two parts that wake separately, as OpenRLHF does: a
+weight sync wakes only the weights (`wake_up(["weights"])`), so the policy ranks' memory is not also competing with
+the KV cache during the copy, and the KV cache is woken just before the next generation (`wake_up()` wakes whatever
+is still asleep).
 """
 from __future__ import annotations
 
@@ -28,6 +33,9 @@ from openrlhf_hacpo.engines.placement import (
     wait_placement_group,
 )
 from openrlhf_hacpo.engines.weight_sync import WORKER_EXTENSION, TensorSpec, pack_named_tensors
+
+SLEEP_TAGS = ("weights", "kv_cache")
+"""The parts of an engine's GPU memory that vLLM's sleep mode frees and wakes separately."""
 
 
 @contextlib.contextmanager
@@ -119,7 +127,7 @@ class VLLMEngine:
             elif ray_noset_visible_devices():
                 # Ray left CUDA_VISIBLE_DEVICES unset: pin the engine to the GPU Ray assigned to this actor
                 os.environ["CUDA_VISIBLE_DEVICES"] = str(ray.get_gpu_ids()[0])
-        self.sleeping = False
+        self.asleep: set[str] = set()  # parts of the GPU memory (SLEEP_TAGS) freed by `sleep`, not yet woken
 
         self.pretrain = pretrain
         self.tensor_parallel_size = tensor_parallel_size
@@ -249,17 +257,30 @@ class VLLMEngine:
     def close_weight_sync_group(self) -> None:
         self.llm.collective_rpc("close_weight_sync_group")
 
+    @property
+    def sleeping(self) -> bool:
+        """True while any part of the engine's GPU memory is asleep (it cannot generate)."""
+        return bool(self.asleep)
+
     def sleep(self, level: int = 1) -> None:
         """Free the engine's GPU memory until `wake_up` (level 1: weights to host memory, KV cache dropped);
-        needs `enable_sleep_mode=True`."""
-        if not self.sleeping:
+        needs `enable_sleep_mode=True`. A no-op when everything is already asleep."""
+        if self.asleep != set(SLEEP_TAGS):
             self.llm.sleep(level=level)
-            self.sleeping = True
+            self.asleep = set(SLEEP_TAGS)
 
-    def wake_up(self) -> None:
-        if self.sleeping:
-            self.llm.wake_up()
-            self.sleeping = False
+    def wake_up(self, tags: Sequence[str] | None = None) -> list[str]:
+        """Give back the GPU memory of the parts named in `tags` ("weights", "kv_cache"; default: every part still
+        asleep). A weight sync wakes only the weights; generation needs everything. Returns the parts woken."""
+        wanted = list(SLEEP_TAGS) if tags is None else list(tags)
+        unknown = [tag for tag in wanted if tag not in SLEEP_TAGS]
+        if unknown:
+            raise ValueError(f"vLLM engine wake_up: unknown memory tag(s) {unknown}; the tags are {list(SLEEP_TAGS)}")
+        todo = [tag for tag in SLEEP_TAGS if tag in wanted and tag in self.asleep]
+        if todo:
+            self.llm.wake_up(tags=todo)
+            self.asleep.difference_update(todo)
+        return todo
 
     def reset_prefix_cache(self) -> bool:
         """Drop cached KV blocks (they were computed with the old weights)."""

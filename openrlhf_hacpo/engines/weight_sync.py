@@ -269,14 +269,34 @@ class VLLMWorkerWeightSync:
 # ---------------------------------------------------------------------------------------------- policy side
 
 
+def call_engines(engines: Sequence, method: str, *args, **kwargs) -> list:
+    """Call ``method`` on every engine and wait for all: Ray actor handles concurrently, plain objects (an engine in
+    this process, or a stand-in) in turn. Returns their results in engine order."""
+    bound = [getattr(engine, method) for engine in engines]
+    if bound and hasattr(bound[0], "remote"):
+        import ray
+
+        return ray.get([call.remote(*args, **kwargs) for call in bound])
+    return [call(*args, **kwargs) for call in bound]
+
+
+def wake_engine_weights(engines: Sequence) -> None:
+    """Give sleeping engines back the GPU memory of their weights only (not their KV cache), so a weight sync can
+    copy into them; engines that are awake, or have no sleep mode, ignore it."""
+    call_engines(engines, "wake_up", ["weights"])
+
+
 def push_weights_to_engines(engines: Sequence, named_tensors: NamedTensors) -> None:
     """Object-store path, from any process holding the engine handles: put the tensors into Ray's object store once
-    and have every engine load them."""
-    import ray
-
+    and have every engine load them (engines in this process get the tensors directly)."""
     pairs = [(name, tensor.detach().to("cpu")) for name, tensor in iter_named_tensors(named_tensors)]
-    ref = ray.put(pairs)
-    ray.get([engine.update_weights.remote(ref) for engine in engines])
+    if engines and hasattr(engines[0].update_weights, "remote"):
+        import ray
+
+        ref = ray.put(pairs)
+        ray.get([engine.update_weights.remote(ref) for engine in engines])
+        return
+    call_engines(engines, "update_weights", pairs)
 
 
 def init_engine_weight_sync(

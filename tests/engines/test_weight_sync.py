@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -261,3 +262,123 @@ def test_cuda_ipc_worker_loads_the_handles_made_on_its_own_gpu(monkeypatch):
 
     with pytest.raises(RuntimeError, match=r"no handles for this worker's GPU GPU-mine.*\['GPU-other'\]"):
         worker.load_ipc_tensors({"GPU-other": payload["GPU-other"]})
+
+
+# ---------------------------------------------------------------------------------------------- sleep mode
+class _SleepModeLLM:
+    """Stands in for ``vllm.LLM`` inside a real :class:`VLLMEngine`: sleep mode, weight loads and generation are
+    written to a shared event log; the GPU memory it holds is tracked per part like vLLM's allocator."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+        self.resident = {"weights": True, "kv_cache": True}
+
+    def sleep(self, level: int = 1) -> None:
+        self.events.append(f"engine.sleep({level})")
+        self.resident = {"weights": False, "kv_cache": False}
+
+    def wake_up(self, tags=None) -> None:
+        self.events.append(f"engine.wake_up({tags})")
+        for tag in tags or self.resident:
+            self.resident[tag] = True
+
+    def collective_rpc(self, method, args=()):
+        assert self.resident["weights"], "weights loaded into an engine whose weights are asleep"
+        self.events.append(f"engine.{method}")
+        return [len(args[0])]
+
+    def generate(self, prompts, params, use_tqdm=False):
+        assert all(self.resident.values()), f"generation with memory asleep: {self.resident}"
+        self.events.append("engine.generate")
+        completion = SimpleNamespace(index=0, token_ids=[5, 6], finish_reason="length", logprobs=None)
+        return [SimpleNamespace(outputs=[completion]) for _ in prompts]
+
+
+def _sleep_mode_engine(events: list[str]):
+    from openrlhf_hacpo.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine.__new__(VLLMEngine)  # the real class around the stand-in LLM (no model, no vLLM engine)
+    engine.llm, engine.asleep, engine.enable_prefix_caching = _SleepModeLLM(events), set(), False
+    engine.tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens=True: "x" * len(ids))
+    engine.vocab_size, engine.max_model_len = 16, 64
+    return engine
+
+
+class _PolicyRank:
+    """A policy rank in this process: the real weight export (:class:`PolicyIO`) of a small model."""
+
+    def __init__(self, io) -> None:
+        self.io = io
+
+    def sync_weights_to_engines(self, engines, mode="object_store"):
+        return self.io.sync_weights_to_engines(engines, mode)
+
+    def render_prompts(self, prompts):
+        return [[1, 2, 3] for _ in prompts]
+
+
+def test_a_sync_empties_the_cache_then_wakes_only_the_weights_and_generation_wakes_the_kv_cache(tmp_path,
+                                                                                                monkeypatch):
+    """Colocated sleep mode, in OpenRLHF's order: the policy empties PyTorch's CUDA cache, the engines get back
+    their weights' memory only, the weights are loaded, the cache is emptied again; the KV cache comes back just
+    before the next generation, and the engines sleep again after it."""
+    from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.actors.policy_io import PolicyIO
+    from openrlhf_hacpo.cli.train_hacpo import build_config
+    from openrlhf_hacpo.data.prompts import PromptRecord
+    from openrlhf_hacpo.engines.base import SamplingConfig
+
+    events: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: events.append("policy.empty_cache"))
+    cfg = build_config(["--agent", "name=a,pretrain=/m", "--prompt_data", "x.jsonl", "--save_path", str(tmp_path),
+                        "--rollout_backend", "vllm", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
+                        "--train_batch_size", "4", "--micro_train_batch_size", "1"])
+    group = AgentGroup(cfg, 0, total_updates=1)
+    group.use_ray = False  # workers in this process
+    model = torch.nn.Linear(3, 2)
+    io = PolicyIO(cfg.resolved_agents()[0], SimpleNamespace(module=model), None, rank=0, world_size=1,
+                  device=torch.device("cuda", 0))  # a CUDA rank as far as the cache is concerned
+    group.policies = [_PolicyRank(io)]
+    group.engines = [_sleep_mode_engine(events), _sleep_mode_engine(events)]
+    group._engines_sleep = True
+    group._engines_call(group.engines[0].__class__.sleep)  # engines start asleep after creation
+    events.clear()
+
+    group.sync_weights()
+    assert events == ["policy.empty_cache", "engine.wake_up(['weights'])", "engine.wake_up(['weights'])",
+                      "engine.load_named_tensors", "engine.load_named_tensors", "policy.empty_cache"]
+    assert [e.asleep for e in group.engines] == [{"kv_cache"}, {"kv_cache"}]
+    assert [e.llm.resident for e in group.engines] == [{"weights": True, "kv_cache": False}] * 2
+
+    events.clear()
+    prompts = [PromptRecord("1", "q1", "0"), PromptRecord("2", "q2", "0")]
+    outputs = group.generate(prompts, SamplingConfig(n=1, max_new_tokens=2)).result()
+    assert [o.response_token_ids for o in outputs] == [[5, 6], [5, 6]]
+    assert events == ["engine.wake_up(['kv_cache'])", "engine.wake_up(['kv_cache'])", "engine.generate",
+                      "engine.generate", "engine.sleep(1)", "engine.sleep(1)"]
+    assert all(e.asleep == {"weights", "kv_cache"} for e in group.engines)
+
+
+def test_engine_wake_up_wakes_each_part_once_and_rejects_unknown_tags():
+    events: list[str] = []
+    engine = _sleep_mode_engine(events)
+    assert engine.wake_up() == [] and events == []  # awake: nothing to do
+    engine.sleep()
+    engine.sleep()  # already asleep: one call to vLLM
+    assert engine.wake_up(["weights"]) == ["weights"] and engine.sleeping
+    assert engine.wake_up(["weights"]) == []
+    assert engine.wake_up() == ["kv_cache"] and not engine.sleeping
+    assert events == ["engine.sleep(1)", "engine.wake_up(['weights'])", "engine.wake_up(['kv_cache'])"]
+    with pytest.raises(ValueError, match=r"unknown memory tag\(s\) \['scheduling'\]"):
+        engine.wake_up(["scheduling"])
+
+
+def test_object_store_push_reaches_engines_in_this_process():
+    """Engines that are not Ray actors get the tensors directly (no object store)."""
+    from openrlhf_hacpo.engines.weight_sync import push_weights_to_engines
+
+    got = []
+    engine = SimpleNamespace(update_weights=lambda pairs: got.append(dict(pairs)) or len(pairs))
+    tensors = {"a": torch.randn(2), "b": torch.ones(1, 3)}
+    push_weights_to_engines([engine, engine], tensors)
+    assert len(got) == 2 and all(torch.equal(g[n], t) for g in got for n, t in tensors.items())
