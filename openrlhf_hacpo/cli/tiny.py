@@ -14,14 +14,18 @@ progress bars) that those libraries read when they are imported.
 """
 from __future__ import annotations
 
-import argparse
-import os
-import sys
 import time
-from pathlib import Path
-from typing import Sequence
 
-from openrlhf_hacpo.algorithms import PRESETS as ALGORITHMS
+_STARTED = time.perf_counter()
+"""When this command started: the main job's clock and wall time count the imports too."""
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Sequence  # noqa: E402
+
+from openrlhf_hacpo.algorithms import PRESETS as ALGORITHMS  # noqa: E402
 
 __all__ = ["build_parser", "main"]
 
@@ -49,7 +53,7 @@ def _cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
                         steps=args.steps, seed=args.seed, eval_steps=args.eval_steps, output=args.output,
                         cache_dir=args.cache_dir, data_dir=args.data_dir, rebuild=args.rebuild, build_jobs=args.jobs,
                         extra_args=tuple(extra), progress=not args.no_progress_bar)
-    run_main_job(cfg)
+    run_main_job(cfg, started=_STARTED)
     return 0
 
 

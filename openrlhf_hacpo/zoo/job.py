@@ -334,10 +334,11 @@ def accuracies_at(eval_records: Sequence[Mapping[str, Any]], names: Sequence[str
     return out
 
 
-def run_main_job(cfg: MainJobConfig) -> dict[str, Any]:
+def run_main_job(cfg: MainJobConfig, started: float | None = None) -> dict[str, Any]:
     """Take the agents, train them (through the ``train_hacpo`` command, which also evaluates them before and
-    after), report; returns the summary."""
-    start = time.perf_counter()
+    after), report; returns the summary. ``started``: the ``time.perf_counter()`` the clock of the progress
+    messages and of ``wall_seconds`` starts from (the command line passes its own start; default now)."""
+    start = time.perf_counter() if started is None else started
     preset, rl = cfg.preset, cfg.preset.rl
     output = cfg.output.resolve()
     prepare_output(output)

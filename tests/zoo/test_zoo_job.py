@@ -39,9 +39,10 @@ def test_tiny_cli_passes_rebuild(monkeypatch):
     from openrlhf_hacpo.cli import tiny
 
     seen = {}
-    monkeypatch.setattr(job, "run_main_job", lambda cfg: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr(job, "run_main_job", lambda cfg, started: seen.update(cfg=cfg, started=started))
     assert tiny.main(["run", "--rebuild", "--steps", "3"]) == 0
     assert seen["cfg"].rebuild is True and seen["cfg"].num_steps == 3
+    assert seen["started"] == tiny._STARTED                    # the job's clock counts the command's imports
     args = tiny.build_parser().parse_args(["evaluate"])
     assert args.rebuild is False
 
