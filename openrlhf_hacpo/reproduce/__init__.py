@@ -11,5 +11,8 @@
 * :mod:`~openrlhf_hacpo.reproduce.evaluate`: models or every agent of a run on benchmark files, greedy avg@1 and
   sampled best@k, written as results files and generations;
 * :mod:`~openrlhf_hacpo.reproduce.results`: the per-benchmark results JSON that evaluation writes;
-* :mod:`~openrlhf_hacpo.reproduce.table`: reproduced values next to the paper's, as markdown and a plot.
+* :mod:`~openrlhf_hacpo.reproduce.table`: reproduced values next to the paper's, as markdown and a plot;
+* :mod:`~openrlhf_hacpo.reproduce.run_state`: whether ``reproduce_table1.sh`` continues, restarts or starts a run;
+* :mod:`~openrlhf_hacpo.reproduce.share`: one trained single-agent baseline filed under a second pair;
+* :mod:`~openrlhf_hacpo.reproduce.small`: the small-scale mode's models and prompts (SmolLM2 + a zoo agent, CHAMP).
 """

@@ -56,10 +56,14 @@ def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, me
     assert cfg.prompt_data == "/c/reproduce/data/math_train.jsonl"
     assert cfg.eval_data == "/c/reproduce/data/math500.jsonl"
     assert cfg.eval_steps == 3 and cfg.eval_before_training
-    assert cfg.generate_max_len == cfg.eval_generate_max_len == 8196 and cfg.prompt_max_len == 1024
+    # training and in-training validation at the paper's training length (App. A, both official launchers); 8196 is
+    # the evaluation length of Tables 1, 2, 3 and 7 (cli.evaluate)
+    assert cfg.generate_max_len == cfg.eval_generate_max_len == 4096 and cfg.prompt_max_len == 1024
+    assert cfg.eos_policy == "keep"  # the main branch, which produced the paper's numbers, trains the final EOS
     assert cfg.save_path == f"runs/table1/{pair}/{method}"
     if algorithm == "grpo":
         assert (cfg.algo.loss.eps_low, cfg.algo.loss.eps_high) == (0.2, 0.28)
+        assert cfg.algo.loss.loss_agg == "seq-mean-token-mean"  # the paper's GRPO formula, a documented choice
     else:
         assert (cfg.algo.loss.eps_low, cfg.algo.loss.eps_high) == (3e-4, 4e-4)
     if algorithm == "hacpo":
@@ -76,6 +80,49 @@ def test_variables_and_trailing_flags_override(tmp_path):
     cfg = build_config(argv)
     assert cfg.agents[0].pretrain == "/m/a" and cfg.prompt_data == "/d/math_train.jsonl"
     assert cfg.save_path == "/r" and cfg.generate_max_len == 4096 and cfg.max_steps == 6
+    argv = _argv_of(tmp_path, "qwen3_1.7b_4b", "grpo", env={"GENERATE_MAX_LEN": "8196"})
+    cfg = build_config([*argv, "--loss_agg", "token-mean"])
+    assert cfg.generate_max_len == cfg.eval_generate_max_len == 8196 and cfg.algo.loss.loss_agg == "token-mean"
+
+
+@pytest.mark.parametrize("method", ["gspo", "gspo_x2", "grpo"])
+def test_one_agent_of_a_pair_trains_alone(tmp_path, method):
+    cfg = build_config(_argv_of(tmp_path, "qwen3_4b_llama3.2_3b", method, env={"TRAIN_AGENTS": "b"}))
+    assert [(a.name, a.pretrain) for a in cfg.agents] == [("Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-3B-Instruct")]
+    assert cfg.updates_per_step == METHODS[method][2]  # one agent's rows, as in the two-agent job
+
+
+@pytest.mark.parametrize("method,agents", [("hacpo", "b"), ("naive", "a"), ("gspo", "c")])
+def test_train_agents_is_refused_where_it_makes_no_sense(tmp_path, method, agents):
+    result = subprocess.run(["bash", str(SCRIPTS / "train_table1.sh"), "qwen3_1.7b_4b", method],
+                            env={**os.environ, "TRAIN_AGENTS": agents}, capture_output=True, text=True)
+    assert result.returncode == 2 and "TRAIN_AGENTS" in result.stderr
+
+
+SMALL_UPDATES = {"hacpo": 2, "gspo": 1, "gspo_x2": 2, "grpo": 1, "naive": 2}  # 2 prompts x G/4 rows, 4 per update
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_small_scale_keeps_the_method_flags(tmp_path, method):
+    env = {"SCALE": "small", "MODEL_A": "/m/smol", "MODEL_B": "/m/zoo", "DATA_DIR": "/d"}
+    small = build_config(_argv_of(tmp_path, "small", method, env=env))
+    paper = build_config(_argv_of(tmp_path, "qwen3_1.7b_4b", method))
+    assert [(a.name, a.pretrain) for a in small.agents] == [("SmolLM2-135M-Instruct", "/m/smol"), ("qwenS", "/m/zoo")]
+    assert small.algo == paper.algo  # algorithm, clips, alpha, delta, delta_step, window, KL, aggregation
+    assert small.n_samples_per_prompt * 4 == paper.n_samples_per_prompt
+    assert small.updates_per_step == SMALL_UPDATES[method]
+    assert not small.use_ray and small.rollout_backend == "hf" and small.zero_stage == 0 and not small.bf16
+    assert small.max_steps == 2 and small.generate_max_len == small.eval_generate_max_len == 8
+    assert small.prompt_data == small.eval_data == "/d/champ_small.jsonl" and small.prompt_max_len == 112
+    for name in ("eos_policy", "reward_fn", "eval_before_training", "eval_steps", "seed", "drop_long_prompts"):
+        assert getattr(small, name) == getattr(paper, name), name
+
+
+def test_the_small_pair_needs_its_models_and_the_small_scale(tmp_path):
+    for env in ({"SCALE": "small"}, {"MODEL_A": "/a", "MODEL_B": "/b"}):
+        result = subprocess.run(["bash", str(SCRIPTS / "train_table1.sh"), "small", "hacpo"],
+                                env={**os.environ, **env}, capture_output=True, text=True)
+        assert result.returncode == 2 and ("MODEL_A" in result.stderr or "SCALE=small" in result.stderr)
 
 
 @pytest.mark.parametrize("args", [("qwen3_1.7b_4b",), ("nopair", "hacpo"), ("qwen3_1.7b_4b", "ppo")])
