@@ -1,8 +1,15 @@
-"""``boxed_exact``: the paper's reward, verl's ``math_reward.compute_score`` rules, written for this project.
+"""``boxed_exact``: the paper's reward, verl's Hendrycks-MATH reward rules, written for this project.
 
 The official HACPO runs score every benchmark with verl's Hendrycks-MATH reward: extract the last boxed answer,
 normalise the answer and the label with the Hendrycks string rules, compare the two strings with ``==``. No symbolic
-equivalence. Its quirks decide which responses count as correct, so they are kept exactly:
+equivalence. Its quirks decide which responses count as correct, so they are kept exactly.
+
+**Which verl.** The paper's numbers come from the official main branch, whose verl scores MATH-style data with
+``verl/utils/reward_score/math.py``; later verl versions (the official ``verl-v1`` branch) ship the same rules as
+``math_reward.py`` with one difference, the percent sign (rule 3 below): ``math.py`` removes ``\\%`` twice (the
+second pass catches a ``\\%`` that the first one formed, as in ``\\\\%%``), ``math_reward.py`` removes ``\\\\%``
+and then ``\\%`` (so ``50\\\\\\%``, which ``math.py`` leaves as ``50\\``, becomes ``50``). This module follows
+``math.py``, the version behind the paper's numbers; the distinguishing strings are in the verifier's case table.
 
 **Extraction** (:func:`last_box`, :func:`unwrap_box`)
 
@@ -20,8 +27,8 @@ equivalence. Its quirks decide which responses count as correct, so they are kep
 1. drop newlines and ``\\!``; ``\\\\`` → ``\\``; ``tfrac``/``dfrac`` → ``frac``; drop ``\\left``, ``\\right``,
    ``^{\\circ}``, ``^\\circ``, ``\\$``;
 2. units: with exactly one ``"\\text{ "`` (with a space), keep only the text before it;
-3. drop ``\\%``; ``" ."`` → ``" 0."``, ``"{."`` → ``"{0."``; an empty string stops here; a leading ``.`` gets
-   a ``0``;
+3. drop ``\\%``, then drop ``\\%`` again; ``" ."`` → ``" 0."``, ``"{."`` → ``"{0."``; an empty string stops
+   here; a leading ``.`` gets a ``0``;
 4. with exactly one ``=`` and at most 2 characters before it (``"k = 3"``, ``"x=3"``), keep the right side;
 5. ``\\sqrtX`` → ``\\sqrt{X}`` for the single character X after ``\\sqrt``;
 6. remove every space;
@@ -29,11 +36,12 @@ equivalence. Its quirks decide which responses count as correct, so they are kep
    fewer than 2 characters after it leaves the whole string as it was before this step;
 8. the string ``0.5`` (exactly) → ``\\frac{1}{2}``;
 9. ``a/b`` (one slash; a and b integers written as Python prints them, so ``-3`` but not ``+3``, ``03`` or ``-0``)
-   → ``\\frac{a}{b}``.
+   → ``\\frac{a}{b}``; with one slash and a side that Python's ``int()`` cannot read (``\\pi/2``, ``1.5/2``,
+   ``/2``), verl's normalisation raises (below).
 
 Where verl's code raises (two ``"\\text{ "`` units; ``\\sqrt`` or ``\\frac`` with nothing after it, at the end of the
-string or right before another one) the comparison falls back to the raw strings: ``pred == label`` unnormalised.
-That is :class:`NormalisationFailed` here.
+string or right before another one; one slash between sides that are not integers) the comparison falls back to the
+raw strings: ``pred == label`` unnormalised. That is :class:`NormalisationFailed` here.
 
 Nothing else is normalised: ``$``, ``%`` without backslash, ``\\text{...}`` without the space, thousands commas,
 trailing zeros, ``\\dfrac`` vs ``/`` with non-integers all compare as written.
@@ -137,9 +145,21 @@ def _brace_frac_arguments(s: str) -> str:
 
 
 def _integer_slash_to_frac(s: str) -> str:
-    """Rule 9: ``"3/4"`` → ``"\\frac{3}{4}"`` when both sides are integers as Python prints them."""
+    """Rule 9: ``"3/4"`` → ``"\\frac{3}{4}"`` when both sides are integers as Python prints them.
+
+    With exactly one slash, a side that ``int()`` rejects cannot be normalised (verl catches only the assertion
+    that the sides are printed canonically, not ``int()``'s ValueError); ``+3``, ``03`` and ``-0`` pass ``int()``
+    and stay as written.
+    """
     parts = s.split("/")
-    if len(parts) == 2 and all(_PYTHON_INT.fullmatch(p) and p != "-0" for p in parts):
+    if len(parts) != 2:
+        return s
+    for part in parts:
+        try:
+            int(part)
+        except ValueError:
+            raise NormalisationFailed(f"{part!r} beside the slash is not an integer") from None
+    if all(_PYTHON_INT.fullmatch(p) and p != "-0" for p in parts):
         return "\\frac{" + parts[0] + "}{" + parts[1] + "}"
     return s
 
@@ -154,7 +174,8 @@ def hendrycks_normalize(s: str) -> str:
                      ("\\left", ""), ("\\right", ""), ("^{\\circ}", ""), ("^\\circ", ""), ("\\$", "")):
         s = s.replace(old, new)
     s = _drop_right_units(s)
-    s = s.replace("\\%", "").replace(" .", " 0.").replace("{.", "{0.")
+    s = s.replace("\\%", "").replace("\\%", "")  # twice, as the main branch's verl (module docstring)
+    s = s.replace(" .", " 0.").replace("{.", "{0.")
     if not s:
         return s
     if s[0] == ".":

@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 
-from openrlhf_hacpo.rollout.math_reward import boxed_exact, hendrycks_equal, hendrycks_normalize, last_box, unwrap_box
+from openrlhf_hacpo.rollout.math_reward import (
+    NormalisationFailed,
+    boxed_exact,
+    hendrycks_equal,
+    hendrycks_normalize,
+    last_box,
+    unwrap_box,
+)
 from openrlhf_hacpo.rollout.rewards import boxed_math, get_reward_fn, registered_reward_fns
 
 # (response, label, boxed_exact, boxed_math, why boxed_exact gives its verdict)
@@ -39,7 +46,10 @@ CASES = [
     ("\\boxed{3/4}", "\\frac{3}{4}", 1, 1, "integer a/b -> \\frac{a}{b}"),
     ("\\boxed{-3/4}", "-\\frac{3}{4}", 0, 1, "-3/4 -> \\frac{-3}{4}, not -\\frac{3}{4}"),
     ("\\boxed{+3/4}", "\\frac{3}{4}", 0, 1, "+3 is not an integer as Python prints it: not rewritten"),
-    ("\\boxed{\\frac{\\pi}{2}}", "\\pi/2", 0, 1, "\\pi/2 is not integer/integer: not rewritten"),
+    ("\\boxed{\\frac{\\pi}{2}}", "\\pi/2", 0, 1, "\\pi/2 is not integer/integer: raw strings compared, differ"),
+    ("\\boxed{\\pi/2}", "\\pi/2", 1, 1, "\\pi/2 cannot be normalised, the raw strings are equal"),
+    ("\\boxed{\\pi / 2}", "\\pi/2", 0, 1, "one slash between non-integers: raw strings compared, spaces kept"),
+    ("\\boxed{1.5 / 2}", "1.5/2", 0, 1, "1.5 is not an int(): raw strings compared, spaces kept"),
     # decimals
     ("\\boxed{0.5}", "\\frac{1}{2}", 1, 1, "exactly '0.5' -> \\frac{1}{2}"),
     ("\\boxed{.5}", "\\frac{1}{2}", 1, 1, "leading '.' -> '0.5' -> \\frac{1}{2}"),
@@ -57,6 +67,9 @@ CASES = [
     ("\\boxed{30^{\\circ}}", "30", 1, 1, "^{\\circ} removed"),
     ("\\boxed{25\\%}", "25", 1, 1, "\\% removed"),
     ("\\boxed{25%}", "25", 0, 1, "a bare % is kept"),
+    # the main branch's verl (math.py) drops \% twice; a later verl (math_reward.py) drops \\% then \%
+    ("\\boxed{50\\\\\\%}", "50", 0, 0, "\\\\ -> \\ leaves 50\\\\%, \\% dropped: 50\\ (math_reward.py: 50)"),
+    ("\\boxed{5\\\\\\%%}", "5", 1, 0, "the second \\% drop takes the \\% the first one formed (math_reward.py: 5%)"),
     ("\\boxed{\\$10}", "10", 1, 1, "\\$ removed"),
     ("\\boxed{10}", "\\$10", 1, 0, "\\$ removed from the label too"),
     # $-wrapped labels
@@ -105,6 +118,9 @@ def test_math_verify_verdict(response: str, label: str, _be: int, expected: int,
         ("10/3", "\\frac{10}{3}"),
         ("03/4", "03/4"),
         ("-0/4", "-0/4"),
+        ("+3/4", "+3/4"),
+        ("50\\\\\\%", "50\\"),
+        ("5\\\\\\%%", "5"),
         (" .25", "0.25"),
         (" .5", "\\frac{1}{2}"),
         ("", ""),
@@ -122,6 +138,11 @@ def test_unnormalisable_strings_compare_raw() -> None:
     assert not hendrycks_equal("2 \\sqrt", "2\\sqrt")
     assert not hendrycks_equal("\\frac", "\\frac ")
     assert not hendrycks_equal("1\\text{ m}\\text{ s}", "1")
+    # one slash between sides that int() cannot read: verl's normalisation raises, the raw strings are compared
+    for text in ("\\pi/2", "1.5/2", "/2", "x/"):
+        with pytest.raises(NormalisationFailed):
+            hendrycks_normalize(text)
+    assert hendrycks_equal("x/2", "x/2") and not hendrycks_equal("x / 2", "x/2")
 
 
 def test_extraction_pieces() -> None:
