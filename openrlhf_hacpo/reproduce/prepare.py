@@ -188,7 +188,12 @@ def label_of(spec: DatasetSpec, row: dict[str, Any], where: str) -> str:
 
 
 def prompt_row(spec: DatasetSpec, row: dict[str, Any], index: int) -> dict[str, Any]:
-    """One output row: the chat prompt with the instruction, the label, ``<set>:<index>`` and the data source."""
+    """One output row: the chat prompt with the instruction, the label, ``<set>:<index>`` and the data source.
+
+    The prompt text is ``question + " " + INSTRUCTION`` with the question exactly as the source stores it, leading
+    and trailing whitespace and newlines included, as verl's preprocessing (``math_dataset.py``, ``gsm8k.py``) builds
+    the official runs' prompts; an OlympiadBench ``context`` goes before it, also as stored.
+    """
     where = f"set {spec.name!r} row {index}"
     if not isinstance(row, dict):
         raise PrepareError(f"{where} is a {type(row).__name__}, expected an object")
@@ -198,9 +203,10 @@ def prompt_row(spec: DatasetSpec, row: dict[str, Any], index: int) -> dict[str, 
                            f"(fields: {sorted(row)})")
     context = row.get(spec.context_field) if spec.context_field else None
     if isinstance(context, str) and context.strip():
-        question = context.strip() + CONTEXT_SEPARATOR + question
+        question = context + CONTEXT_SEPARATOR + question
     return {
-        "input": [{"role": "user", "content": question.strip() + " " + INSTRUCTION}],
+        # as verl's data preparation writes it: the question as stored (no stripping), a space, the instruction
+        "input": [{"role": "user", "content": question + " " + INSTRUCTION}],
         "label": label_of(spec, row, where),
         "prompt_id": f"{spec.name}:{index}",
         "data_source": spec.name,

@@ -51,13 +51,13 @@ def source_dir(tmp_path: Path) -> Path:
         {"problem": "What is 2+3?", "level": "Level 1", "type": "Algebra", "solution": "It is $\\boxed{5}$."},
     ])
     _jsonl(root / "HuggingFaceH4/MATH-500/test.jsonl", [
-        {"problem": "Area of a unit square?", "solution": "Area is $\\boxed{1\\text{ cm}^2}$.", "answer": "1",
+        {"problem": "Area of a unit square?\n", "solution": "Area is $\\boxed{1\\text{ cm}^2}$.", "answer": "1",
          "subject": "Geometry", "level": 1, "unique_id": "test/geometry/1.json"},
         {"problem": "Solve x+1=3.", "solution": "So $x = \\boxed{2}$.", "answer": "2",
          "subject": "Algebra", "level": 1, "unique_id": "test/algebra/2.json"},
     ])
     _parquet(root / "openai/gsm8k/main/test-00000-of-00001.parquet", [
-        {"question": "Tom has 1,000 apples and buys 234 more. How many?", "answer": "1000+234=1234\n#### 1,234"},
+        {"question": " Tom has 1,000 apples and buys 234 more. How many? ", "answer": "1000+234=1234\n#### 1,234"},
     ])
     _parquet(root / "openai/gsm8k/socratic/test-00000-of-00001.parquet", [
         {"question": "socratic variant", "answer": "#### 9"},
@@ -115,6 +115,11 @@ def test_every_hub_schema_gives_prompt_rows_labels_and_ids(source_dir: Path, tmp
         "prompt_id": "math500:1",
         "data_source": "math500",
     }
+    # the question as stored, surrounding whitespace and newlines included (verl's preprocessing strips nothing)
+    assert math500[0]["input"][0]["content"] == "Area of a unit square?\n Let's think step by step and output the " \
+        "final answer within \\boxed{}."
+    assert _rows(out / "gsm8k.jsonl")[0]["input"][0]["content"] == (
+        " Tom has 1,000 apples and buys 234 more. How many?  " + INSTRUCTION)
     olympiad = _rows(out / "olympiadbench.jsonl")
     assert olympiad[0]["input"][0]["content"] == "Find x." + SUFFIX
     assert olympiad[1]["input"][0]["content"] == "Let y be a number with y^2=4 and y>0.\nFind y." + SUFFIX
