@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python benchmarks/throughput.py", description=__doc__.split("\n\n")[0],
                                 epilog="Trainer flags after '--' go to every run.")
     p.add_argument("--config", default="model", choices=CONFIGS, help="what to compare on [model]")
-    p.add_argument("--steps", type=int, default=None, help="steps per run [model/three/gpu: 12, smollm2: 4; "
+    p.add_argument("--steps", type=int, default=None, help="steps per run [model/three/gpu: 12, smollm2: 3; "
                    "--time_to_accuracy: the preset's 80]")
     p.add_argument("--warmup", type=int, default=None, help="first steps of each run left out [2; smollm2: 1]")
     p.add_argument("--rounds", type=int, default=None, help="runs per arm, interleaved [2; smollm2: 1]")

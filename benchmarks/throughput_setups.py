@@ -198,10 +198,8 @@ def _resolve_tiny(setup: Setup) -> None:
 def _zoo_agents(agents) -> dict[str, Path]:
     """Folders of zoo agents as the main job takes them: shipped where the package ships them, else built into the
     zoo cache on first use."""
-    try:
-        from openrlhf_hacpo.zoo.shipped import agent_folders
-    except ImportError:  # a package without shipped agents
-        from openrlhf_hacpo.zoo import build_zoo as agent_folders
+    from openrlhf_hacpo.zoo.shipped import agent_folders
+
     return {name: Path(p) for name, p in agent_folders(agents, progress=True).items()}
 
 
@@ -264,7 +262,7 @@ def make_setup(config: str, *, models: Mapping[str, str] | None = None, prompt_d
                                 prompt_max_len=128, micro_train_batch_size=8,
                                 rollout_backend=rollout_backend or "hf")
         setup = Setup("smollm2", f"SmolLM2-135M-Instruct + zoo {zoo_agent}, hf rollouts, tiny-task prompts",
-                      MAIN_ARMS, steps=4, warmup=1, rounds=1, direct=direct, resolve=_resolve_smollm2)
+                      MAIN_ARMS, steps=3, warmup=1, rounds=1, direct=direct, resolve=_resolve_smollm2)
         setup.context["zoo_agent"] = zoo_agent
         return setup
     if config == "gpu":

@@ -212,8 +212,9 @@ class TrainConfig:
     colocate_all_models: bool = _rollout(False, help="place an agent's policy, reference and vLLM engines on the same "
                                          "GPUs")
 
-    reward_fn: str = _rewards("boxed_math", help="registered verifier (exact_match, boxed_math, arithmetic) or a "
-                              "Python file defining reward_func(queries, prompts, labels)")
+    reward_fn: str = _rewards("boxed_math", help="registered verifier (boxed_exact: verl's Hendrycks-MATH reward, the "
+                              "paper's; boxed_math: math-verify; exact_match; arithmetic) or a Python file defining "
+                              "reward_func(queries, prompts, labels)")
     reward_num_workers: int = _rewards(1, ge=0, help="reward worker processes (0: in a thread of the driver)")
     reward_timeout: float | None = _rewards(300.0, zero_is_none=True, gt=0, help="seconds allowed to score one step's "
                                             "responses, with any number of workers (0: no limit)")

@@ -314,9 +314,10 @@ def test_scripts_use_library_modules_only():
 @pytest.mark.slow
 def test_model_comparison_two_steps_per_arm(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # every arm's workers in the trainer's process (--no_ray): the plumbing end to end without four Ray starts
     cmd = [sys.executable, str(BENCH / "throughput.py"), "--steps", "2", "--warmup", "1", "--rounds", "1",
-           "--runs_dir", str(tmp_path / "runs"), "--results_dir", str(tmp_path / "results")]
-    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+           "--runs_dir", str(tmp_path / "runs"), "--results_dir", str(tmp_path / "results"), "--", "--no_ray"]
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-4000:]
     payload = json.loads((tmp_path / "results" / "throughput_model.json").read_text())
     assert list(payload["arms"]) == ["gspo", "gspo2x", "naive", "hacpo"]

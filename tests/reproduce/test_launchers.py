@@ -132,3 +132,12 @@ def test_bad_pair_or_method_is_named(tmp_path, args):
     assert "PAIR" in result.stderr
     if len(args) == 2:
         assert repr(args[0] if args[0] == "nopair" else args[1]).strip("'") in result.stderr
+
+
+def test_the_reward_fn_help_lists_every_registered_verifier():
+    from openrlhf_hacpo.cli.train_hacpo import build_parser
+    from openrlhf_hacpo.rollout.rewards import registered_reward_fns
+
+    (action,) = [a for a in build_parser()._actions if "--reward_fn" in a.option_strings]
+    assert "boxed_exact" in registered_reward_fns()
+    assert [name for name in registered_reward_fns() if name not in action.help] == []
