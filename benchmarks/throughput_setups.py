@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 __all__ = ["ARMS", "BASELINE", "CONFIGS", "Arm", "DirectSettings", "Setup", "interleave", "make_setup",
-           "parse_models"]
+           "parse_models", "without_eval_flags"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +59,18 @@ def interleave(arms: Sequence[str], rounds: int) -> list[tuple[int, str]]:
     if not arms or len(set(arms)) != len(arms):
         raise ValueError(f"the arms must be distinct and at least one, got {list(arms)}")
     return [(r, a) for r in range(rounds) for a in (arms if r % 2 == 0 else list(reversed(arms)))]
+
+
+def without_eval_flags(argv: Sequence[str]) -> list[str]:
+    """``argv`` without its evaluation flags: every ``--eval*`` flag and the values after it, up to the next flag."""
+    out: list[str] = []
+    dropping = False
+    for token in argv:
+        if token.startswith("--"):
+            dropping = token.split("=", 1)[0].startswith("--eval")
+        if not dropping:
+            out.append(token)
+    return out
 
 
 def _rows_per_learner(algorithm: str, num_agents: int, prompts: int, group: int) -> int:
@@ -141,7 +153,7 @@ class Setup:
     def _tiny_trainer_command(self, arm: Arm, *, seed: int, steps: int, output: Path,
                               extra: Sequence[str]) -> list[str]:
         """``train_hacpo`` with exactly the flags the tiny main job gives it (:func:`openrlhf_hacpo.zoo.job.
-        trainer_argv`), less its evaluation (``--eval_data``, ``--eval_steps``) and the final Hugging Face export,
+        trainer_argv`), less its evaluation flags (:func:`without_eval_flags`) and the final Hugging Face export,
         which the step times do not include but the runs would wait for."""
         from openrlhf_hacpo.zoo.job import MainJobConfig, trainer_argv
 
@@ -151,10 +163,7 @@ class Setup:
             raise ValueError(f"--config {self.name}: agents of preset {preset!r} not resolved (prepare() not run)")
         cfg = MainJobConfig(preset=preset, algorithm=arm.algorithm, n_samples_per_prompt=self.group_size(arm),
                             steps=steps, seed=seed, output=output, progress=False, extra_args=tuple(extra))
-        argv = trainer_argv(cfg, ready["agents"], ready["data"])
-        for flag in ("--eval_data", "--eval_steps"):
-            i = argv.index(flag)
-            del argv[i:i + 2]
+        argv = without_eval_flags(trainer_argv(cfg, ready["agents"], ready["data"]))
         return [sys.executable, "-m", "openrlhf_hacpo.cli.train_hacpo", *argv, "--no_save_hf"]
 
     def _direct_command(self, arm: Arm, *, seed: int, steps: int, output: Path, eval_steps: int | None,

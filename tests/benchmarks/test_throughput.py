@@ -141,6 +141,13 @@ def test_missing_keys_never_crash():
         stats.steps_of([{"agent": "a"}], 0)
 
 
+def test_evaluation_flags_are_dropped():
+    argv = ["--agent", "a", "--eval_data", "e.jsonl", "--eval_steps", "10", "--eval_before_training", "--seed", "1",
+            "--adam_betas", "0.9", "0.99", "--eval_x=3", "--no_save_hf"]
+    assert setups.without_eval_flags(argv) == ["--agent", "a", "--seed", "1", "--adam_betas", "0.9", "0.99",
+                                               "--no_save_hf"]
+
+
 def test_interleaved_order():
     assert setups.interleave(["a", "b", "c"], 3) == [(0, "a"), (0, "b"), (0, "c"), (1, "c"), (1, "b"), (1, "a"),
                                                      (2, "a"), (2, "b"), (2, "c")]
@@ -246,7 +253,7 @@ def test_commands_of_every_configuration(tmp_path):
         cmd = model.command(setups.ARMS[arm], seed=3, steps=12, output=tmp_path / arm, eval_steps=None,
                             extra=["--micro_train_batch_size", "32"])
         assert cmd[1:3] == ["-m", "openrlhf_hacpo.cli.train_hacpo"]
-        assert "--eval_data" not in cmd and "--eval_steps" not in cmd and "--no_save_hf" in cmd
+        assert not [t for t in cmd if t.startswith("--eval")] and "--no_save_hf" in cmd
         cfg = build_config(cmd[3:])
         # 16 prompts x G per agent; HACPO and Naive train on both agents' rollouts; one update per step
         assert (cfg.n_samples_per_prompt, cfg.train_batch_size, cfg.max_steps, cfg.seed) == (group, rows, 12, 3), arm
