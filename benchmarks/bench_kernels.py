@@ -50,6 +50,7 @@ for entry in (ROOT, ROOT / "benchmarks"):
 
 from results_io import RESULTS_DIR, device_name, run_facts, save_results  # noqa: E402
 from hacpo_kernels import (  # noqa: E402
+    LossParams,
     cross_clip_lower_bound,
     fused_linear_logprobs,
     hacpo_loss,
@@ -437,7 +438,7 @@ def unfused_hacpo_loss(x: LossInputs, *, update_index: int, eps_low: float, eps_
 def make_loss_paths(device: str) -> dict:
     def kernel(backend):
         return lambda x: hacpo_loss(x.logp, x.mask, x.advantages, x.old_logp_mean, x.is_own, x.coef,
-                                    ref_logp=x.ref_logp, backend=backend, **LOSS_HP).loss
+                                    LossParams(**LOSS_HP), ref_logp=x.ref_logp, backend=backend).loss
 
     paths = {"unfused": lambda x: unfused_hacpo_loss(x, **LOSS_HP), "torch_twin": kernel("torch")}
     if device == "cuda":

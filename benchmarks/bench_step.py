@@ -128,12 +128,12 @@ def make_batch(model, pad_id: int, shape: Shape, device: str) -> dict:
     low = 1 if pad_id == 0 else 0  # keep the pad id out of the random tokens
     prompts = torch.randint(low, vocab, (shape.rows, shape.prompt), generator=gen).tolist()
     responses = torch.randint(low, vocab, (shape.rows, shape.response), generator=gen).tolist()
-    return {k: v.to(device) for k, v in pack_rows(prompts, responses, pad_id).items()}
+    return pack_rows(prompts, responses, pad_id).to(device)
 
 
 def make_step(case: Case, model, padded: dict):
     """The callable one repetition runs."""
-    from hacpo_kernels import hacpo_loss
+    from hacpo_kernels import LossParams, hacpo_loss
     from openrlhf_hacpo.models.logprobs import response_logprobs
 
     if case.pass_name == "score":
@@ -159,8 +159,8 @@ def make_step(case: Case, model, padded: dict):
 
     def update():
         out = response_logprobs(model, padded, 1.0, with_entropy=True, path=case.path, backend=case.backend)
-        loss = hacpo_loss(out.logp, mask, adv, old_mean, is_own, coef, ref_logp=ref_logp, kl_coef=0.01,
-                          update_index=1, backend=case.backend).loss
+        loss = hacpo_loss(out.logp, mask, adv, old_mean, is_own, coef, LossParams(kl_coef=0.01, update_index=1),
+                          ref_logp=ref_logp, backend=case.backend).loss
         loss.backward()
 
     return update

@@ -62,7 +62,7 @@ def run(backend: str, args, device: torch.device, dtype: torch.dtype) -> dict:
     model = build_model(spec, tokenizer, seed=0).to(device=device, dtype=dtype).train()
     reference = build_model(spec, tokenizer, seed=0).to(device=device, dtype=dtype).eval().requires_grad_(False)
     padded, is_own, advantages, coef = make_batch(len(tokenizer), args.rows, args.prompt_len, args.response_len, 1)
-    padded = {k: v.to(device) for k, v in padded.items()}
+    padded = padded.to(device)
     mask = padded["response_mask"]
     with torch.no_grad():
         # old policy = the initial weights, nudged so that the ratios spread over the clip windows

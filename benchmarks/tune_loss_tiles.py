@@ -25,7 +25,7 @@ for entry in (ROOT, ROOT / "benchmarks"):
 
 from bench_kernels import LOSS_HP, cuda_kernel_ms, hbm_peak_tbs, make_loss_inputs  # noqa: E402
 from results_io import run_facts, save_results  # noqa: E402
-from hacpo_kernels import hacpo_loss  # noqa: E402
+from hacpo_kernels import LossParams, hacpo_loss  # noqa: E402
 
 loss_module = importlib.import_module("hacpo_kernels.hacpo_loss")  # the package re-exports the function's name
 
@@ -46,8 +46,8 @@ def run_case(x, fwd_tile, bwd_tile) -> dict:
     loss_module.FWD_TILE, loss_module.BWD_TILE = fwd_tile, bwd_tile
 
     def call(backend):
-        return hacpo_loss(x.logp, x.mask, x.advantages, x.old_logp_mean, x.is_own, x.coef, ref_logp=x.ref_logp,
-                          backend=backend, **LOSS_HP).loss
+        return hacpo_loss(x.logp, x.mask, x.advantages, x.old_logp_mean, x.is_own, x.coef, LossParams(**LOSS_HP),
+                          ref_logp=x.ref_logp, backend=backend).loss
 
     def step():
         x.logp.grad = None

@@ -18,11 +18,13 @@ else:
     from ._utils import HAS_TRITON
     from .dispatch import resolve_backend
     from .fused_linear_logprobs import fused_linear_logprobs
-    from .hacpo_loss import METRIC_NAMES, cross_clip_lower_bound, hacpo_loss
+    from .hacpo_loss import METRIC_NAMES, LossParams, LossTotals, cross_clip_lower_bound, hacpo_loss
     from .logprobs import logprobs_from_logits
 
     __all__ = [
         "HAS_TRITON",
+        "LossParams",
+        "LossTotals",
         "METRIC_NAMES",
         "cross_clip_lower_bound",
         "fused_linear_logprobs",

@@ -21,10 +21,13 @@ with ``L_i = \sum_t mask_{i,t}`` (paper v1 numbering):
   ``cross_clip=False`` the clamp is dropped (``c_i = s_i``).
 
 * Naive sharing (``foreign_rule="self_clip"``): every row, own or foreign, uses the own-row clip; ``coef`` unused.
+* Dual clip of the own-row rule (``dual_clip_c = c``, the ``grpo`` loss; verl's ``clip_ratio_c = 3``):
+  ``obj = \max(\min(wA, \mathrm{clip}(w)A),\ cA)`` for ``A < 0``, so a token far likelier than under the old
+  policy (``w > c``) with a negative advantage passes no gradient.
 * KL (``kl_coef > 0``, ``ref_logp``): ``+ \beta\,\mathrm{KL}`` with the low-variance estimate
-  ``k3 = e^{d} - d - 1``, ``d = \mathrm{clamp}(\log\pi_{ref} - \log\pi_\theta, \pm 20)``, on own tokens only,
-  aggregated like the policy term (mean over own rows of per-row token means, or over own tokens);
-  ``\partial k3/\partial\log\pi_\theta = 1 - e^{d}`` inside the clamp.
+  ``k3 = \mathrm{clamp}(e^{d} - d - 1, \pm 10)``, ``d = \mathrm{clamp}(\log\pi_{ref} - \log\pi_\theta, \pm 20)``
+  (verl's ``low_var_kl``), on own tokens only, aggregated like the policy term (mean over own rows of per-row token
+  means, or over own tokens); ``\partial k3/\partial\log\pi_\theta = 1 - e^{d}`` inside both clamps, 0 outside.
 
 Token-level ratios (``ratio_level="token"``, needs ``old_logp [B, T]``) apply the same rules to every token with
 ``\ell_{i,t} = \log\pi_\theta(y_{i,t}) - \log\pi_{old}(y_{i,t})``; the sequence objective is then the masked mean
@@ -45,7 +48,7 @@ Gradient (sequence level): ``\partial loss/\partial\log\pi_{i,t} = -\frac{1}{D}\
 ``\partial obj/\partial\ell = s A\,1[sA \le \mathrm{clip}(s)A]`` (own), ``s\,c^\alpha\omega A\,1[lo \le s \le hi]``
 (foreign), times ``1[\ell`` inside the log-ratio clamp``]``.
 
-Metrics (0-d tensors, no device sync; names as in ``openrlhf_hacpo.algorithms.losses``):
+Metrics (0-d tensors, no device sync; :data:`METRIC_NAMES`, each averaged with the weight in :data:`METRIC_WEIGHTS`):
 ``own_clip_frac_lower`` / ``own_clip_frac_upper`` (own units with ``s < 1-\epsilon_{low}`` / ``s > 1+\epsilon_{high}``),
 ``foreign_clip_frac_lower`` / ``foreign_clip_frac_upper`` / ``foreign_in_window_frac`` (foreign units with
 ``s < lo`` / ``s > hi`` / inside ``[lo, hi]``), ``own_ratio_mean`` / ``foreign_ratio_mean`` (mean ``s``), and the row
@@ -56,18 +59,22 @@ valid token (token level).
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, NamedTuple
 
 import torch
 
-from ._utils import FLOAT_DTYPES, cdiv, is_interpreted, next_power_of_2, tl, triton
+from ._utils import FLOAT_DTYPES, HAS_TRITON, cdiv, is_interpreted, next_power_of_2, tl, triton
 from .dispatch import resolve_backend
 
 __all__ = [
     "hacpo_loss",
     "HacpoLossOutput",
+    "LossParams",
+    "LossTotals",
+    "check_loss_params",
     "cross_clip_lower_bound",
-    "validate_loss_params",
+    "STATS",
     "METRIC_NAMES",
     "LOSS_AGGS",
     "RATIO_LEVELS",
@@ -75,6 +82,10 @@ __all__ = [
     "CROSS_CLIP_MODES",
     "FOREIGN_RULES",
     "KL_LOG_RATIO_LIMIT",
+    "KL_VALUE_LIMIT",
+    "METRIC_WEIGHTS",
+    "NUM_STATS",
+    "stat",
 ]
 
 LOSS_AGGS = ("seq-mean-token-mean", "token-mean")
@@ -85,44 +96,86 @@ FOREIGN_RULES = ("cross", "self_clip")
 """How foreign rows are trained: ``cross`` (HACPO, eqs. 10-14) or ``self_clip`` (Naive: the own-row GSPO clip)."""
 
 KL_LOG_RATIO_LIMIT = 20.0
-"""The k3 KL clamps ref_logp - logp to +-20 before exponentiating, so fp32 never overflows."""
+"""The k3 KL clamps ref_logp - logp to +-20 before exponentiating, so fp32 never overflows (verl ``low_var_kl``)."""
+KL_VALUE_LIMIT = 10.0
+"""The per-token k3 value is then clamped to [-10, 10] (verl ``low_var_kl``); outside, its gradient is zero."""
 
-# layout of the per-program partial sums
-_S_LOSS, _S_ROWS, _S_TOKENS = 0, 1, 2
-_S_OWN_N, _S_OWN_LOW, _S_OWN_HIGH, _S_OWN_RATIO = 3, 4, 5, 6
-_S_FOR_N, _S_FOR_BELOW, _S_FOR_ABOVE, _S_FOR_RATIO = 7, 8, 9, 10
-_S_OWN_ROWS, _S_FOR_ROWS = 11, 12
-_S_KL, _S_OWN_TOKENS = 13, 14
-_S_FPOS_N, _S_FPOS_BELOW, _S_FPOS_ABOVE = 15, 16, 17
-_NUM_STATS = 18
-
-METRIC_NAMES = (
-    "pg_loss",
-    "kl",
-    "own_clip_frac_lower",
-    "own_clip_frac_upper",
-    "foreign_clip_frac_lower",
-    "foreign_clip_frac_upper",
-    "foreign_in_window_frac",
-    "foreign_pos_clip_frac_lower",
-    "foreign_pos_clip_frac_upper",
-    "foreign_pos_in_window_frac",
-    "own_ratio_mean",
-    "foreign_ratio_mean",
-    "num_own",
-    "num_foreign",
+STATS = (
+    "loss",            # sum of the policy term (per-row objectives, or token objectives with token-mean)
+    "rows",            # non-empty rows
+    "tokens",          # valid tokens
+    "own_units",       # own units (rows at sequence level, tokens at token level)
+    "own_below",       # own units with s < 1 - eps_low
+    "own_above",       # own units with s > 1 + eps_high
+    "own_ratio",       # sum of s over own units
+    "foreign_units",
+    "foreign_below",   # foreign units with s < lo
+    "foreign_above",   # foreign units with s > hi
+    "foreign_ratio",
+    "own_rows",        # non-empty own rows
+    "foreign_rows",    # non-empty foreign rows
+    "kl",              # sum of the KL term
+    "own_tokens",
+    "fpos_units",      # foreign units with A > 0
+    "fpos_below",
+    "fpos_above",
 )
+"""The per-program partial sums, in storage order: the Triton kernel stores ``S_<NAME>`` offsets, the twin stacks a
+dict in this order, and :data:`_RATIO_METRICS` reads them by name."""
+(S_LOSS, S_ROWS, S_TOKENS, S_OWN_UNITS, S_OWN_BELOW, S_OWN_ABOVE, S_OWN_RATIO, S_FOREIGN_UNITS, S_FOREIGN_BELOW,
+ S_FOREIGN_ABOVE, S_FOREIGN_RATIO, S_OWN_ROWS, S_FOREIGN_ROWS, S_KL, S_OWN_TOKENS, S_FPOS_UNITS, S_FPOS_BELOW,
+ S_FPOS_ABOVE) = (tl.constexpr(i) if HAS_TRITON else i for i in range(len(STATS)))
+NUM_STATS = len(STATS)
+_STAT_INDEX = {name: i for i, name in enumerate(STATS)}
+
+_RATIO_METRICS = {
+    # name: (numerator as {stat: weight}, denominator stat or None for 1); a denominator is clamped to >= 1
+    "own_clip_frac_lower": ({"own_below": 1}, "own_units"),
+    "own_clip_frac_upper": ({"own_above": 1}, "own_units"),
+    "foreign_clip_frac_lower": ({"foreign_below": 1}, "foreign_units"),
+    "foreign_clip_frac_upper": ({"foreign_above": 1}, "foreign_units"),
+    "foreign_in_window_frac": ({"foreign_units": 1, "foreign_below": -1, "foreign_above": -1}, "foreign_units"),
+    "foreign_pos_clip_frac_lower": ({"fpos_below": 1}, "fpos_units"),
+    "foreign_pos_clip_frac_upper": ({"fpos_above": 1}, "fpos_units"),
+    "foreign_pos_in_window_frac": ({"fpos_units": 1, "fpos_below": -1, "fpos_above": -1}, "fpos_units"),
+    "own_ratio_mean": ({"own_ratio": 1}, "own_units"),
+    "foreign_ratio_mean": ({"foreign_ratio": 1}, "foreign_units"),
+    "num_own": ({"own_rows": 1}, None),
+    "num_foreign": ({"foreign_rows": 1}, None),
+}
+"""Every logged statistic is (a signed sum of counters) / max(a counter, 1): the in-window fraction is
+(n - below - above) / max(n, 1), which is 0 when no unit of the kind exists."""
+
+METRIC_NAMES = ("pg_loss", "kl") + tuple(_RATIO_METRICS)
+"""The metrics :func:`hacpo_loss` returns: the two loss terms and the ratio metrics above."""
+
+METRIC_WEIGHTS = {
+    "own_clip_frac_lower": "own_rows",
+    "own_clip_frac_upper": "own_rows",
+    "foreign_clip_frac_lower": "foreign_rows",
+    "foreign_clip_frac_upper": "foreign_rows",
+    "foreign_in_window_frac": "foreign_rows",
+    "foreign_pos_clip_frac_lower": "fpos_units",
+    "foreign_pos_clip_frac_upper": "fpos_units",
+    "foreign_pos_in_window_frac": "fpos_units",
+    "own_ratio_mean": "own_rows",
+    "foreign_ratio_mean": "foreign_rows",
+}
+"""The counter of :data:`STATS` each ratio metric is weighted by when micro-batch values are averaged. The loss terms
+``pg_loss`` and ``kl`` are not averaged: each call's value is its share of the mini-batch's term (the denominators
+are the mini-batch totals), so the shares add up; nor are the counts ``num_own`` / ``num_foreign``."""
 
 
 class HacpoLossOutput(NamedTuple):
     """``loss`` 0-d (to minimise); ``objectives`` [B] detached per-row objectives; ``ratios`` [B] detached sequence
     ratios s after the log-ratio clamp (``None`` at token level); ``metrics`` 0-d tensors named in
-    :data:`METRIC_NAMES`."""
+    :data:`METRIC_NAMES`; ``stats`` [NUM_STATS] the summed counters of :data:`STATS` (metric weights)."""
 
     loss: torch.Tensor
     objectives: torch.Tensor
     ratios: torch.Tensor | None
     metrics: dict[str, torch.Tensor]
+    stats: torch.Tensor | None = None
 
 
 def cross_clip_lower_bound(delta: float, delta_step: float, update_index: int, stepwise: bool = True) -> float:
@@ -135,54 +188,169 @@ def cross_clip_lower_bound(delta: float, delta_step: float, update_index: int, s
     return 1.0 - delta
 
 
-def _fail(owner: str, name: str, rule: str, value) -> None:
-    raise ValueError(f"{owner}.{name} must be {rule}, got {value!r}")
+def _fail(label: str, rule: str, value) -> None:
+    raise ValueError(f"{label} must be {rule}, got {value!r}")
 
 
-def _real(owner: str, name: str, value, *, minimum: float | None = None) -> None:
+def _real(label: str, value, *, minimum: float | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(owner, name, "a number", value)
+        _fail(label, "a number", value)
     if not math.isfinite(value):
-        _fail(owner, name, "finite", value)
+        _fail(label, "finite", value)
     if minimum is not None and value < minimum:
-        _fail(owner, name, f">= {minimum:g}", value)
+        _fail(label, f">= {minimum:g}", value)
 
 
-def _choice(owner: str, name: str, value, choices: tuple[str, ...]) -> None:
+def _choice(label: str, value, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        _fail(owner, name, f"one of {list(choices)}", value)
+        _fail(label, f"one of {list(choices)}", value)
 
 
-def validate_loss_params(owner: str = "hacpo_loss", *, eps_low: float, eps_high: float, delta: float,
-                         delta_step: float, alpha: float, cross_clip_high: float, cross_clip_mode: str,
-                         cross_clip_dual: float, log_ratio_clip: float | None, log_ratio_clip_mode: str,
-                         ratio_level: str, loss_agg: str, kl_coef: float, foreign_rule: str = "cross") -> None:
-    """The one set of rules for the loss hyperparameters (``PolicyLossConfig`` validates through it too).
+def check_loss_params(values: Mapping[str, Any], owner: str = "LossParams", names: Mapping[str, str] | None = None
+                      ) -> None:
+    """The one set of rules for the loss hyperparameters (the fields of :class:`LossParams`; missing ones take their
+    defaults). ``owner`` and ``names`` (field → how the user wrote it, e.g. its flag) name the field at fault:
+    ``"<name> must be <rule>, got <value>"``, ``name`` defaulting to ``<owner>.<field>``."""
+    names = names or {}
+    v = {f.name: f.default for f in fields(LossParams)}
+    unknown = sorted(set(values) - set(v))
+    if unknown:
+        raise ValueError(f"{owner}: unknown loss parameter(s) {unknown}")
+    v.update(values)
 
-    Raises ``ValueError("<owner>.<field> must be <rule>, got <value>")``.
+    def name(field: str) -> str:
+        return names.get(field, f"{owner}.{field}")
+
+    for field in ("eps_low", "eps_high", "delta", "delta_step", "alpha", "kl_coef"):
+        _real(name(field), v[field], minimum=0.0)
+    if v["eps_low"] >= 1:
+        _fail(name("eps_low"), "< 1", v["eps_low"])
+    if v["delta"] > 1:
+        _fail(name("delta"), "<= 1", v["delta"])
+    for field in ("stepwise", "cross_clip"):
+        if not isinstance(v[field], bool):
+            _fail(name(field), "a bool", v[field])
+    cross_clip_lower_bound(v["delta"], v["delta_step"], v["update_index"], v["stepwise"])
+    _real(name("cross_clip_high"), v["cross_clip_high"], minimum=1.0)
+    _choice(name("cross_clip_mode"), v["cross_clip_mode"], CROSS_CLIP_MODES)
+    _real(name("cross_clip_dual"), v["cross_clip_dual"])
+    if not v["cross_clip_dual"] >= v["cross_clip_high"]:
+        _fail(name("cross_clip_dual"), f">= cross_clip_high ({v['cross_clip_high']})", v["cross_clip_dual"])
+    if v["dual_clip_c"] is not None:
+        _real(name("dual_clip_c"), v["dual_clip_c"])
+        if not v["dual_clip_c"] > 1.0 + v["eps_high"]:
+            _fail(name("dual_clip_c"), f"> 1 + eps_high ({1.0 + v['eps_high']:g}) or None",
+                  v["dual_clip_c"])
+    if v["log_ratio_clip"] is not None:
+        _real(name("log_ratio_clip"), v["log_ratio_clip"])
+        if v["log_ratio_clip"] <= 0:
+            _fail(name("log_ratio_clip"), "> 0 or None", v["log_ratio_clip"])
+    _choice(name("log_ratio_clip_mode"), v["log_ratio_clip_mode"], LOG_RATIO_CLIP_MODES)
+    _choice(name("ratio_level"), v["ratio_level"], RATIO_LEVELS)
+    _choice(name("loss_agg"), v["loss_agg"], LOSS_AGGS)
+    _choice(name("foreign_rule"), v["foreign_rule"], FOREIGN_RULES)
+
+
+@dataclass(frozen=True)
+class LossParams:
+    """Every hyperparameter of the loss at one optimizer update ``m``, validated once when built.
+
+    ``openrlhf_hacpo.algorithms.get_policy_loss(name).params(cfg, m)`` builds it from the run's config; the Triton
+    launch and the torch twin read it (and nothing else).
+
+    * ``eps_low`` / ``eps_high``: own-row clip ``[1 - eps_low, 1 + eps_high]`` (eqs. 47-49).
+    * ``delta``, ``delta_step``, ``stepwise``, ``update_index``: the foreign window's lower end ``lo`` (eqs. 13-14).
+    * ``cross_clip`` (``False``: ``c = s``), ``cross_clip_high`` (``hi``), ``cross_clip_mode`` (``clamp`` |
+      ``pessimistic``), ``cross_clip_dual`` (pessimistic mode's dual clip, ``>= cross_clip_high``).
+    * ``alpha``: exponential importance sampling, ``sg(c)^alpha`` (eq. 12).
+    * ``foreign_rule``: ``cross`` (HACPO) or ``self_clip`` (Naive).
+    * ``dual_clip_c``: dual clip of the own-row rule, ``max(min(wA, clip(w)A), c A)`` for ``A < 0`` (verl's
+      ``clip_ratio_c``; the ``grpo`` loss), ``None`` for none; must exceed ``1 + eps_high``.
+    * ``log_ratio_clip`` (``None``: none) and ``log_ratio_clip_mode``; ``ratio_level``; ``loss_agg``; ``kl_coef``.
     """
-    for name, value in (("eps_low", eps_low), ("eps_high", eps_high), ("delta", delta), ("delta_step", delta_step),
-                        ("alpha", alpha), ("kl_coef", kl_coef)):
-        _real(owner, name, value, minimum=0.0)
-    if eps_low >= 1:
-        _fail(owner, "eps_low", "< 1", eps_low)
-    if delta > 1:
-        _fail(owner, "delta", "<= 1", delta)
-    _real(owner, "cross_clip_high", cross_clip_high, minimum=1.0)
-    _choice(owner, "cross_clip_mode", cross_clip_mode, CROSS_CLIP_MODES)
-    _real(owner, "cross_clip_dual", cross_clip_dual)
-    if not cross_clip_dual >= cross_clip_high:
-        _fail(owner, "cross_clip_dual", f">= cross_clip_high ({cross_clip_high})", cross_clip_dual)
-    if log_ratio_clip is not None:
-        _real(owner, "log_ratio_clip", log_ratio_clip)
-        if log_ratio_clip <= 0:
-            _fail(owner, "log_ratio_clip", "> 0 or None", log_ratio_clip)
-    _choice(owner, "log_ratio_clip_mode", log_ratio_clip_mode, LOG_RATIO_CLIP_MODES)
-    _choice(owner, "ratio_level", ratio_level, RATIO_LEVELS)
-    _choice(owner, "loss_agg", loss_agg, LOSS_AGGS)
-    _choice(owner, "foreign_rule", foreign_rule, FOREIGN_RULES)
+
+    eps_low: float = 3e-4
+    eps_high: float = 4e-4
+    delta: float = 0.2
+    delta_step: float = 0.025
+    stepwise: bool = True
+    update_index: int = 0
+    cross_clip: bool = True
+    cross_clip_high: float = 1.0
+    cross_clip_mode: str = "clamp"
+    cross_clip_dual: float = 3.0
+    alpha: float = 1.0
+    foreign_rule: str = "cross"
+    dual_clip_c: float | None = None
+    log_ratio_clip: float | None = 10.0
+    log_ratio_clip_mode: str = "symmetric"
+    ratio_level: str = "sequence"
+    loss_agg: str = "seq-mean-token-mean"
+    kl_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_loss_params(vars(self))
+
+    # ---------------------------------------------------------------------------------------- derived launch values
+    @property
+    def self_clip(self) -> bool:
+        return self.foreign_rule == "self_clip"
+
+    @property
+    def lo(self) -> float:
+        """Lower end of the foreign window at this update (Naive: the own-row window, for its foreign metrics)."""
+        if self.self_clip:
+            return 1.0 - self.eps_low
+        return cross_clip_lower_bound(self.delta, self.delta_step, self.update_index, self.stepwise)
+
+    @property
+    def hi(self) -> float:
+        return 1.0 + self.eps_high if self.self_clip else float(self.cross_clip_high)
+
+    @property
+    def token_level(self) -> bool:
+        return self.ratio_level == "token"
+
+    @property
+    def token_mean(self) -> bool:
+        return self.loss_agg == "token-mean"
+
+    @property
+    def cross_min(self) -> bool:
+        return self.cross_clip and self.cross_clip_mode == "pessimistic"
+
+    @property
+    def clip_mode(self) -> int:
+        """0: no log-ratio clamp; 1: symmetric; 2: upper."""
+        if self.log_ratio_clip is None:
+            return 0
+        return 1 if self.log_ratio_clip_mode == "symmetric" else 2
+
+    @property
+    def clip_val(self) -> float:
+        return float(self.log_ratio_clip) if self.log_ratio_clip is not None else 0.0
+
+    @property
+    def own_dual(self) -> float:
+        return float(self.dual_clip_c) if self.dual_clip_c is not None else 0.0
 
 
+@dataclass(frozen=True)
+class LossTotals:
+    """Aggregation denominators: the global mini-batch's row / token counts (all rows and own rows) when a
+    mini-batch is split into micro-batches; ``None`` counts the micro-batch itself. The KL denominators (own rows,
+    own tokens) may be 0 (a mini-batch without own rows has no KL term) and are then taken as 1."""
+
+    num_seqs: int | None = None
+    num_tokens: int | None = None
+    num_own_seqs: int | None = None
+    num_own_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for field, minimum in (("num_seqs", 1), ("num_tokens", 1), ("num_own_seqs", 0), ("num_own_tokens", 0)):
+            value = getattr(self, field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+                raise ValueError(f"LossTotals.{field} must be an int >= {minimum} or None, got {value!r}")
 # --------------------------------------------------------------------------------------------------------------
 # Triton kernels
 # --------------------------------------------------------------------------------------------------------------
@@ -202,14 +370,19 @@ def _clip_log_ratio(ell, clip_val, CLIP_MODE: tl.constexpr):
 
 
 @triton.jit
-def _objective(s, adv, self_rule, coef, eps_low, eps_high, lo, hi, dual, alpha, CROSS_CLIP: tl.constexpr,
-               CROSS_MIN: tl.constexpr):
+def _objective(s, adv, self_rule, coef, eps_low, eps_high, lo, hi, dual, own_dual, alpha, CROSS_CLIP: tl.constexpr,
+               CROSS_MIN: tl.constexpr, OWN_DUAL: tl.constexpr):
     """Per-unit objective and d objective / d log-ratio (before the log-ratio clamp mask).
 
     ``self_rule`` is True for units trained with the own-row GSPO clip (own rows; every row under Naive)."""
     s_cl = tl.minimum(tl.maximum(s, 1.0 - eps_low), 1.0 + eps_high)
     own_obj = tl.minimum(s * adv, s_cl * adv)
     own_d = tl.where(s * adv <= s_cl * adv, s * adv, 0.0)
+    if OWN_DUAL:
+        # dual clip (verl clip_ratio_c): a negative advantage's objective is bounded below by c·A
+        own_cut = (adv < 0.0) & (own_dual * adv > own_obj)
+        own_obj = tl.where(own_cut, own_dual * adv, own_obj)
+        own_d = tl.where(own_cut, 0.0, own_d)
     if CROSS_CLIP:
         c = tl.minimum(tl.maximum(s, lo), hi)
         in_window = (s >= lo) & (s <= hi)
@@ -232,13 +405,15 @@ def _objective(s, adv, self_rule, coef, eps_low, eps_high, lo, hi, dual, alpha, 
 
 
 @triton.jit
-def _k3(lp, ref, kl_limit):
-    """Low-variance KL per token, exp(d) - d - 1 with d = clamp(ref - lp, ±limit), and d k3 / d lp."""
+def _k3(lp, ref, kl_limit, kl_max):
+    """Low-variance KL per token, min(exp(d) - d - 1, kl_max) with d = clamp(ref - lp, ±limit), and d k3 / d lp
+    (zero where either clamp is active; k3 >= 0, so only the upper value clamp can act)."""
     d = ref - lp
     d_c = tl.minimum(tl.maximum(d, -kl_limit), kl_limit)
     e = tl.exp(d_c)
-    passes = ((d >= -kl_limit) & (d <= kl_limit)).to(tl.float32)
-    return e - d_c - 1.0, (1.0 - e) * passes
+    k3 = e - d_c - 1.0
+    passes = ((d >= -kl_limit) & (d <= kl_limit) & (k3 <= kl_max)).to(tl.float32)
+    return tl.minimum(k3, kl_max), (1.0 - e) * passes
 
 
 @triton.jit
@@ -246,9 +421,9 @@ def _hacpo_fwd_kernel(
     logp_ptr, mask_ptr, old_ptr, ref_ptr, adv_ptr, old_mean_ptr, own_ptr, coef_ptr,
     obj_ptr, ratio_ptr, rowg_ptr, rowkl_ptr, partial_ptr,
     n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_ref,
-    eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, alpha_arg, clip_arg, kl_limit_arg,
+    eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, own_dual_arg, alpha_arg, clip_arg, kl_limit_arg, kl_max_arg,
     TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, CROSS_MIN: tl.constexpr,
-    FOREIGN_SELF: tl.constexpr, HAS_KL: tl.constexpr, TOKEN_MEAN: tl.constexpr,
+    OWN_DUAL: tl.constexpr, FOREIGN_SELF: tl.constexpr, HAS_KL: tl.constexpr, TOKEN_MEAN: tl.constexpr,
     NUM_STATS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
     """BLOCK_B rows per program: masked sums over T tiles, per-row objective and gradient factors, partial sums."""
@@ -258,9 +433,11 @@ def _hacpo_fwd_kernel(
     lo = tl.cast(lo_arg, tl.float32)
     hi = tl.cast(hi_arg, tl.float32)
     dual = tl.cast(dual_arg, tl.float32)
+    own_dual = tl.cast(own_dual_arg, tl.float32)
     alpha = tl.cast(alpha_arg, tl.float32)
     clip_val = tl.cast(clip_arg, tl.float32)
     kl_limit = tl.cast(kl_limit_arg, tl.float32)
+    kl_max = tl.cast(kl_max_arg, tl.float32)
 
     rows = pid * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < n_rows
@@ -292,14 +469,14 @@ def _hacpo_fwd_kernel(
         if HAS_KL:
             own_tok = valid & own[:, None]
             ref = tl.load(ref_ptr + rows64[:, None] * stride_ref + t[None, :], mask=own_tok, other=0.0)
-            k3, _dk3 = _k3(lp, ref.to(tl.float32), kl_limit)
+            k3, _dk3 = _k3(lp, ref.to(tl.float32), kl_limit, kl_max)
             kl_acc += tl.sum(tl.where(own_tok, k3, 0.0), axis=1)
         if TOKEN_LEVEL:
             old = tl.load(old_ptr + rows64[:, None] * stride_old + t[None, :], mask=valid, other=0.0).to(tl.float32)
             ell, _passes = _clip_log_ratio(lp - old, clip_val, CLIP_MODE)
             s = tl.exp(ell)
             obj_t, _d = _objective(s, adv[:, None], self_rule[:, None], coef[:, None], eps_low, eps_high, lo, hi,
-                                   dual, alpha, CROSS_CLIP, CROSS_MIN)
+                                   dual, own_dual, alpha, CROSS_CLIP, CROSS_MIN, OWN_DUAL)
             acc += tl.sum(tl.where(valid, obj_t, 0.0), axis=1)
             own_t = valid & own[:, None]
             for_t = valid & (own[:, None] == 0)
@@ -329,8 +506,8 @@ def _hacpo_fwd_kernel(
         old_mean = tl.load(old_mean_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
         ell, passes = _clip_log_ratio(acc / safe_count - old_mean, clip_val, CLIP_MODE)
         s = tl.exp(ell)
-        obj, dobj = _objective(s, adv, self_rule, coef, eps_low, eps_high, lo, hi, dual, alpha, CROSS_CLIP,
-                               CROSS_MIN)
+        obj, dobj = _objective(s, adv, self_rule, coef, eps_low, eps_high, lo, hi, dual, own_dual, alpha,
+                               CROSS_CLIP, CROSS_MIN, OWN_DUAL)
         obj = tl.where(nonempty, obj, 0.0)
         tl.store(ratio_ptr + rows64, tl.where(nonempty, s, 0.0), mask=row_ok)
         if TOKEN_MEAN:
@@ -365,33 +542,34 @@ def _hacpo_fwd_kernel(
     tl.store(obj_ptr + rows64, obj, mask=row_ok)
     tl.store(rowg_ptr + rows64, rowg, mask=row_ok)
     base = partial_ptr + pid.to(tl.int64) * NUM_STATS
-    tl.store(base + 0, tl.sum(tl.where(row_ok, loss_part, 0.0), axis=0))
-    tl.store(base + 1, tl.sum(nonempty.to(tl.float32), axis=0))
-    tl.store(base + 2, tl.sum(count, axis=0))
-    tl.store(base + 3, tl.sum(own_units, axis=0))
-    tl.store(base + 4, tl.sum(own_low, axis=0))
-    tl.store(base + 5, tl.sum(own_high, axis=0))
-    tl.store(base + 6, tl.sum(own_ratio, axis=0))
-    tl.store(base + 7, tl.sum(for_units, axis=0))
-    tl.store(base + 8, tl.sum(for_below, axis=0))
-    tl.store(base + 9, tl.sum(for_above, axis=0))
-    tl.store(base + 10, tl.sum(for_ratio, axis=0))
-    tl.store(base + 11, tl.sum(own_rows.to(tl.float32), axis=0))
-    tl.store(base + 12, tl.sum((nonempty & (own == 0)).to(tl.float32), axis=0))
-    tl.store(base + 13, tl.sum(tl.where(row_ok, kl_part, 0.0), axis=0))
-    tl.store(base + 14, tl.sum(tl.where(own, count, 0.0), axis=0))
-    tl.store(base + 15, tl.sum(tl.where(positive, for_units, 0.0), axis=0))
-    tl.store(base + 16, tl.sum(tl.where(positive, for_below, 0.0), axis=0))
-    tl.store(base + 17, tl.sum(tl.where(positive, for_above, 0.0), axis=0))
+    tl.store(base + S_LOSS, tl.sum(tl.where(row_ok, loss_part, 0.0), axis=0))
+    tl.store(base + S_ROWS, tl.sum(nonempty.to(tl.float32), axis=0))
+    tl.store(base + S_TOKENS, tl.sum(count, axis=0))
+    tl.store(base + S_OWN_UNITS, tl.sum(own_units, axis=0))
+    tl.store(base + S_OWN_BELOW, tl.sum(own_low, axis=0))
+    tl.store(base + S_OWN_ABOVE, tl.sum(own_high, axis=0))
+    tl.store(base + S_OWN_RATIO, tl.sum(own_ratio, axis=0))
+    tl.store(base + S_FOREIGN_UNITS, tl.sum(for_units, axis=0))
+    tl.store(base + S_FOREIGN_BELOW, tl.sum(for_below, axis=0))
+    tl.store(base + S_FOREIGN_ABOVE, tl.sum(for_above, axis=0))
+    tl.store(base + S_FOREIGN_RATIO, tl.sum(for_ratio, axis=0))
+    tl.store(base + S_OWN_ROWS, tl.sum(own_rows.to(tl.float32), axis=0))
+    tl.store(base + S_FOREIGN_ROWS, tl.sum((nonempty & (own == 0)).to(tl.float32), axis=0))
+    tl.store(base + S_KL, tl.sum(tl.where(row_ok, kl_part, 0.0), axis=0))
+    tl.store(base + S_OWN_TOKENS, tl.sum(tl.where(own, count, 0.0), axis=0))
+    tl.store(base + S_FPOS_UNITS, tl.sum(tl.where(positive, for_units, 0.0), axis=0))
+    tl.store(base + S_FPOS_BELOW, tl.sum(tl.where(positive, for_below, 0.0), axis=0))
+    tl.store(base + S_FPOS_ABOVE, tl.sum(tl.where(positive, for_above, 0.0), axis=0))
 
 
 @triton.jit
 def _hacpo_bwd_kernel(
     logp_ptr, mask_ptr, old_ptr, ref_ptr, adv_ptr, own_ptr, coef_ptr, rowg_ptr, rowkl_ptr, scale_ptr, grad_ptr,
     n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_ref, stride_g,
-    eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, alpha_arg, clip_arg, kl_limit_arg,
+    eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, own_dual_arg, alpha_arg, clip_arg, kl_limit_arg, kl_max_arg,
     TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, CROSS_MIN: tl.constexpr,
-    FOREIGN_SELF: tl.constexpr, HAS_KL: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
+    OWN_DUAL: tl.constexpr, FOREIGN_SELF: tl.constexpr, HAS_KL: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
     """d loss / d logp[i, t] = pg_scale * mask * (row factor [* d o_t / d ell_t at token level])
     + kl_scale * own mask * row KL weight * d k3 / d logp, with pg_scale = -dloss / D, kl_scale = dloss·β / D_kl."""
@@ -413,6 +591,7 @@ def _hacpo_bwd_kernel(
         lo = tl.cast(lo_arg, tl.float32)
         hi = tl.cast(hi_arg, tl.float32)
         dual = tl.cast(dual_arg, tl.float32)
+        own_dual = tl.cast(own_dual_arg, tl.float32)
         alpha = tl.cast(alpha_arg, tl.float32)
         clip_val = tl.cast(clip_arg, tl.float32)
         adv = tl.load(adv_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
@@ -424,16 +603,17 @@ def _hacpo_bwd_kernel(
         old = tl.load(old_ptr + rows64[:, None] * stride_old + t[None, :], mask=valid, other=0.0).to(tl.float32)
         ell, passes = _clip_log_ratio(lp - old, clip_val, CLIP_MODE)
         _obj, dobj = _objective(tl.exp(ell), adv[:, None], self_rule[:, None], coef[:, None], eps_low, eps_high,
-                                lo, hi, dual, alpha, CROSS_CLIP, CROSS_MIN)
+                                lo, hi, dual, own_dual, alpha, CROSS_CLIP, CROSS_MIN, OWN_DUAL)
         g = pg_scale * dobj * passes * rowg[:, None]
     else:
         g = tl.zeros([BLOCK_B, BLOCK_T], dtype=tl.float32) + pg_scale * rowg[:, None]
     if HAS_KL:
         kl_scale = tl.load(scale_ptr + 1).to(tl.float32)
         kl_limit = tl.cast(kl_limit_arg, tl.float32)
+        kl_max = tl.cast(kl_max_arg, tl.float32)
         own_tok = valid & own[:, None]
         ref = tl.load(ref_ptr + rows64[:, None] * stride_ref + t[None, :], mask=own_tok, other=0.0).to(tl.float32)
-        _k, dk3 = _k3(lp, ref, kl_limit)
+        _k, dk3 = _k3(lp, ref, kl_limit, kl_max)
         rowkl = tl.load(rowkl_ptr + rows64, mask=row_ok, other=0.0)
         g += tl.where(own_tok, kl_scale * rowkl[:, None] * dk3, 0.0)
     grad = tl.where(valid, g, 0.0)
@@ -474,22 +654,32 @@ def _rowwise(x: torch.Tensor | None) -> torch.Tensor | None:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
-def _denominators(stats: torch.Tensor, hp: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def _denominators(stats: torch.Tensor, params: LossParams, totals: LossTotals) -> tuple[torch.Tensor, torch.Tensor]:
     """(D, D_kl): the policy-gradient and KL aggregation denominators (given mini-batch totals, else counted)."""
     def pick(given, counted):
         if given is not None:
             return torch.full((), float(given), dtype=stats.dtype, device=stats.device)
         return counted.clamp(min=1.0)
 
-    if hp["token_mean"]:
-        return (pick(hp["num_tokens"], stats[_S_TOKENS]),
-                pick(hp["num_own_tokens"], stats[_S_OWN_TOKENS]).clamp(min=1.0))
-    return pick(hp["num_seqs"], stats[_S_ROWS]), pick(hp["num_own_seqs"], stats[_S_OWN_ROWS]).clamp(min=1.0)
+    if params.token_mean:
+        return (pick(totals.num_tokens, stat(stats, "tokens")),
+                pick(totals.num_own_tokens, stat(stats, "own_tokens")).clamp(min=1.0))
+    return pick(totals.num_seqs, stat(stats, "rows")), pick(totals.num_own_seqs, stat(stats, "own_rows")).clamp(min=1.0)
+
+
+def _launch_args(params: LossParams) -> tuple[tuple, dict]:
+    """The scalar arguments and compile-time switches shared by the forward and backward launches."""
+    scalars = (params.eps_low, params.eps_high, params.lo, params.hi, params.cross_clip_dual, params.own_dual,
+               params.alpha, params.clip_val, KL_LOG_RATIO_LIMIT, KL_VALUE_LIMIT)
+    switches = dict(TOKEN_LEVEL=params.token_level, CLIP_MODE=params.clip_mode, CROSS_CLIP=params.cross_clip,
+                    CROSS_MIN=params.cross_min, OWN_DUAL=params.dual_clip_c is not None,
+                    FOREIGN_SELF=params.self_clip)
+    return tuple(float(x) for x in scalars), switches
 
 
 class _HacpoLossTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, hp):
+    def forward(ctx, logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, params, totals):
         n_rows, n_cols = logp.shape
         dev = logp.device
         block_b, block_t, warps = _tile(False, n_rows, n_cols)
@@ -498,61 +688,57 @@ class _HacpoLossTriton(torch.autograd.Function):
         ratio = torch.zeros(n_rows, dtype=torch.float32, device=dev)
         rowg = torch.empty(n_rows, dtype=torch.float32, device=dev)
         rowkl = torch.zeros(n_rows, dtype=torch.float32, device=dev)
-        partials = torch.empty((n_prog, _NUM_STATS), dtype=torch.float32, device=dev)
+        partials = torch.empty((n_prog, NUM_STATS), dtype=torch.float32, device=dev)
         old_arg = old_logp if old_logp is not None else logp
         ref_arg = ref_logp if ref_logp is not None else logp
         old_mean_arg = old_mean if old_mean is not None else adv
+        scalars, switches = _launch_args(params)
         if n_rows == 0:
             partials.zero_()
         else:
             _hacpo_fwd_kernel[(n_prog,)](
                 logp, mask, old_arg, ref_arg, adv, old_mean_arg, own, coef, obj, ratio, rowg, rowkl, partials,
-                n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0), ref_arg.stride(0),
-                hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["dual"], hp["alpha"], hp["clip_val"],
-                KL_LOG_RATIO_LIMIT,
-                TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
-                CROSS_MIN=hp["cross_min"], FOREIGN_SELF=hp["foreign_self"], HAS_KL=hp["has_kl"],
-                TOKEN_MEAN=hp["token_mean"], NUM_STATS=_NUM_STATS, BLOCK_B=block_b, BLOCK_T=block_t,
-                num_warps=warps,
+                n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0), ref_arg.stride(0), *scalars,
+                HAS_KL=ref_logp is not None, TOKEN_MEAN=params.token_mean, NUM_STATS=NUM_STATS, BLOCK_B=block_b,
+                BLOCK_T=block_t, num_warps=warps, **switches,
             )
         stats = partials.sum(dim=0) if n_prog > 1 else partials[0]
-        denom, kl_denom = _denominators(stats, hp)
-        pg_loss = -stats[_S_LOSS] / denom
-        kl = stats[_S_KL] / kl_denom
-        loss = pg_loss + hp["kl_coef"] * kl
+        denom, kl_denom = _denominators(stats, params, totals)
+        pg_loss = -stat(stats, "loss") / denom
+        kl = stat(stats, "kl") / kl_denom
+        loss = pg_loss + params.kl_coef * kl
         ctx.save_for_backward(logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, denom, kl_denom)
-        ctx.hp = hp
+        ctx.params, ctx.has_kl = params, ref_logp is not None
         ctx.mark_non_differentiable(obj, ratio, stats, pg_loss, kl)
         return loss, obj, ratio, stats, pg_loss, kl
 
     @staticmethod
     def backward(ctx, dloss, *_unused):
         logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, denom, kl_denom = ctx.saved_tensors
-        hp = ctx.hp
+        params = ctx.params
         n_rows, n_cols = logp.shape
         grad = torch.empty((n_rows, n_cols), dtype=logp.dtype, device=logp.device)
         if dloss is None:
-            return (grad.zero_(),) + (None,) * 8
-        scales = torch.stack([-dloss / denom, dloss * hp["kl_coef"] / kl_denom]).to(torch.float32)
+            return (grad.zero_(),) + (None,) * 9
+        scales = torch.stack([-dloss / denom, dloss * params.kl_coef / kl_denom]).to(torch.float32)
         block_b, block_t, warps = _tile(True, n_rows, n_cols)
+        scalars, switches = _launch_args(params)
         if n_rows and n_cols:
             _hacpo_bwd_kernel[(cdiv(n_rows, block_b), cdiv(n_cols, block_t))](
                 logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, scales, grad,
                 n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0), ref_arg.stride(0),
-                grad.stride(0),
-                hp["eps_low"], hp["eps_high"], hp["lo"], hp["hi"], hp["dual"], hp["alpha"], hp["clip_val"],
-                KL_LOG_RATIO_LIMIT,
-                TOKEN_LEVEL=hp["token_level"], CLIP_MODE=hp["clip_mode"], CROSS_CLIP=hp["cross_clip"],
-                CROSS_MIN=hp["cross_min"], FOREIGN_SELF=hp["foreign_self"], HAS_KL=hp["has_kl"],
-                BLOCK_B=block_b, BLOCK_T=block_t, num_warps=warps,
+                grad.stride(0), *scalars, HAS_KL=ctx.has_kl, BLOCK_B=block_b, BLOCK_T=block_t, num_warps=warps,
+                **switches,
             )
-        return (grad,) + (None,) * 8
+        return (grad,) + (None,) * 9
 
 
 # --------------------------------------------------------------------------------------------------------------
 # torch twin (plain differentiable torch ops): the algorithm core of eqs. 6-14 and 47-53 on the CPU
 # --------------------------------------------------------------------------------------------------------------
-def _hacpo_loss_torch(logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, hp):
+def _hacpo_loss_torch(logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, params: LossParams,
+                      totals: LossTotals):
+    p = params
     cdt = torch.float64 if logp.dtype == torch.float64 else torch.float32
     valid = mask != 0
     zero = torch.zeros((), dtype=cdt, device=logp.device)
@@ -564,99 +750,91 @@ def _hacpo_loss_torch(logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, 
     adv = adv.to(cdt)
     coef = coef.to(cdt)
     own = own != 0
-    self_rule = torch.ones_like(own) if hp["foreign_self"] else own
-    token_level = hp["token_level"]
-    if token_level:
+    self_rule = torch.ones_like(own) if p.self_clip else own
+    lo, hi = p.lo, p.hi
+    if p.token_level:
         ell = torch.where(valid, lp - old_logp.to(cdt), zero)
         a, o, w = adv[:, None], self_rule[:, None], coef[:, None]
     else:
         ell = lp.sum(dim=-1) / safe_count - old_mean.to(cdt)
         a, o, w = adv, self_rule, coef
-    if hp["clip_mode"] == 1:
-        ell = ell.clamp(-hp["clip_val"], hp["clip_val"])
-    elif hp["clip_mode"] == 2:
-        ell = ell.clamp(max=hp["clip_val"])
+    if p.clip_mode == 1:
+        ell = ell.clamp(-p.clip_val, p.clip_val)
+    elif p.clip_mode == 2:
+        ell = ell.clamp(max=p.clip_val)
     s = ell.exp()
     # own rows (and every row under Naive): min(s·A, clip(s, 1 - eps_low, 1 + eps_high)·A)   (eqs. 47-49)
-    own_obj = torch.minimum(s * a, s.clamp(1.0 - hp["eps_low"], 1.0 + hp["eps_high"]) * a)
+    own_obj = torch.minimum(s * a, s.clamp(1.0 - p.eps_low, 1.0 + p.eps_high) * a)
+    if p.dual_clip_c is not None:  # GRPO dual clip: max(min(...), c·A) for A < 0 (verl clip_ratio_c)
+        own_obj = torch.where((a < 0) & (p.dual_clip_c * a > own_obj), p.dual_clip_c * a, own_obj)
     # foreign rows: c·sg(c)^α·ω·A with c = clamp(s, lo_m, hi)                                  (eqs. 10-14, 50-52)
-    c = s.clamp(hp["lo"], hp["hi"]) if hp["cross_clip"] else s
-    weight = c.detach().pow(hp["alpha"]) * w
-    if hp["cross_min"]:
+    c = s.clamp(lo, hi) if p.cross_clip else s
+    weight = c.detach().pow(p.alpha) * w
+    if p.cross_min:
         pess = torch.minimum(s * a, c * a)
-        for_obj = torch.where((a < 0) & (hp["dual"] * a > pess), hp["dual"] * a, pess) * weight
+        dual = p.cross_clip_dual
+        for_obj = torch.where((a < 0) & (dual * a > pess), dual * a, pess) * weight
     else:
         for_obj = c * weight * a
     unit_obj = torch.where(o, own_obj, for_obj)
-    if token_level:
+    if p.token_level:
         unit_obj = torch.where(valid, unit_obj, zero)
         obj = unit_obj.sum(dim=-1) / safe_count
-        loss_sum = unit_obj.sum() if hp["token_mean"] else obj.sum()
+        loss_sum = unit_obj.sum() if p.token_mean else obj.sum()
         own_u, for_u = valid & own[:, None], valid & ~own[:, None]
         positive = (adv > 0)[:, None]
         ratio = None
     else:
         obj = torch.where(nonempty, unit_obj, torch.zeros_like(unit_obj))
-        loss_sum = (obj * count).sum() if hp["token_mean"] else obj.sum()
+        loss_sum = (obj * count).sum() if p.token_mean else obj.sum()
         own_u, for_u = nonempty & own, nonempty & ~own
         positive = adv > 0
         ratio = torch.where(nonempty, s.detach(), torch.zeros_like(s))
-    # low-variance KL (k3) to the reference policy on own tokens
+    # low-variance KL (k3) to the reference policy on own tokens, clamped like verl's low_var_kl
     kl_sum = zero
-    if hp["has_kl"]:
+    if ref_logp is not None:
         own_tok = valid & own[:, None]
         d = torch.where(own_tok, ref_logp.to(cdt) - lp, zero).clamp(-KL_LOG_RATIO_LIMIT, KL_LOG_RATIO_LIMIT)
-        k3 = torch.where(own_tok, d.exp() - d - 1.0, zero).sum(dim=-1)
-        kl_sum = k3.sum() if hp["token_mean"] else (k3 / safe_count).sum()
+        k3 = (d.exp() - d - 1.0).clamp(-KL_VALUE_LIMIT, KL_VALUE_LIMIT)
+        k3 = torch.where(own_tok, k3, zero).sum(dim=-1)
+        kl_sum = k3.sum() if p.token_mean else (k3 / safe_count).sum()
     sd = s.detach()
     fpos = for_u & positive
-    stats = torch.stack([
-        loss_sum.detach(),
-        nonempty.sum().to(cdt),
-        count.sum(),
-        own_u.sum().to(cdt),
-        (own_u & (sd < 1.0 - hp["eps_low"])).sum().to(cdt),
-        (own_u & (sd > 1.0 + hp["eps_high"])).sum().to(cdt),
-        torch.where(own_u, sd, torch.zeros_like(sd)).sum(),
-        for_u.sum().to(cdt),
-        (for_u & (sd < hp["lo"])).sum().to(cdt),
-        (for_u & (sd > hp["hi"])).sum().to(cdt),
-        torch.where(for_u, sd, torch.zeros_like(sd)).sum(),
-        (nonempty & own).sum().to(cdt),
-        (nonempty & ~own).sum().to(cdt),
-        kl_sum.detach(),
-        torch.where(own, count, zero).sum(),
-        fpos.sum().to(cdt),
-        (fpos & (sd < hp["lo"])).sum().to(cdt),
-        (fpos & (sd > hp["hi"])).sum().to(cdt),
-    ])
-    denom, kl_denom = _denominators(stats, hp)
+
+    def total(x: torch.Tensor) -> torch.Tensor:
+        return x.sum().to(cdt)
+
+    values = {
+        "loss": loss_sum.detach(),
+        "rows": total(nonempty),
+        "tokens": count.sum(),
+        "own_units": total(own_u),
+        "own_below": total(own_u & (sd < 1.0 - p.eps_low)),
+        "own_above": total(own_u & (sd > 1.0 + p.eps_high)),
+        "own_ratio": torch.where(own_u, sd, torch.zeros_like(sd)).sum(),
+        "foreign_units": total(for_u),
+        "foreign_below": total(for_u & (sd < lo)),
+        "foreign_above": total(for_u & (sd > hi)),
+        "foreign_ratio": torch.where(for_u, sd, torch.zeros_like(sd)).sum(),
+        "own_rows": total(nonempty & own),
+        "foreign_rows": total(nonempty & ~own),
+        "kl": kl_sum.detach(),
+        "own_tokens": torch.where(own, count, zero).sum(),
+        "fpos_units": total(fpos),
+        "fpos_below": total(fpos & (sd < lo)),
+        "fpos_above": total(fpos & (sd > hi)),
+    }
+    stats = torch.stack([values[name] for name in STATS])
+    denom, kl_denom = _denominators(stats, p, totals)
     pg_loss = -loss_sum / denom
     kl = kl_sum / kl_denom
-    loss = pg_loss + hp["kl_coef"] * kl
+    loss = pg_loss + p.kl_coef * kl
     return loss, obj.detach(), ratio, stats, pg_loss.detach(), kl.detach()
 
 
 # --------------------------------------------------------------------------------------------------------------
 # public function
 # --------------------------------------------------------------------------------------------------------------
-_RATIO_METRICS = {
-    # name: (numerator as {stat: weight}, denominator stat or None for 1); a denominator is clamped to >= 1
-    "own_clip_frac_lower": ({_S_OWN_LOW: 1}, _S_OWN_N),
-    "own_clip_frac_upper": ({_S_OWN_HIGH: 1}, _S_OWN_N),
-    "foreign_clip_frac_lower": ({_S_FOR_BELOW: 1}, _S_FOR_N),
-    "foreign_clip_frac_upper": ({_S_FOR_ABOVE: 1}, _S_FOR_N),
-    "foreign_in_window_frac": ({_S_FOR_N: 1, _S_FOR_BELOW: -1, _S_FOR_ABOVE: -1}, _S_FOR_N),
-    "foreign_pos_clip_frac_lower": ({_S_FPOS_BELOW: 1}, _S_FPOS_N),
-    "foreign_pos_clip_frac_upper": ({_S_FPOS_ABOVE: 1}, _S_FPOS_N),
-    "foreign_pos_in_window_frac": ({_S_FPOS_N: 1, _S_FPOS_BELOW: -1, _S_FPOS_ABOVE: -1}, _S_FPOS_N),
-    "own_ratio_mean": ({_S_OWN_RATIO: 1}, _S_OWN_N),
-    "foreign_ratio_mean": ({_S_FOR_RATIO: 1}, _S_FOR_N),
-    "num_own": ({_S_OWN_ROWS: 1}, None),
-    "num_foreign": ({_S_FOR_ROWS: 1}, None),
-}
-"""Every logged statistic is (a signed sum of counters) / max(a counter, 1): the in-window fraction is
-(n - below - above) / max(n, 1), which is 0 when no unit of the kind exists."""
 _metric_weights_cache: dict = {}
 
 
@@ -664,15 +842,15 @@ def _metric_weights(device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """([2, K, S] numerator/denominator weights, [K] denominator offset) on ``device``, built once per device."""
     key = (str(device), dtype)
     if key not in _metric_weights_cache:
-        weights = torch.zeros(2, len(_RATIO_METRICS), _NUM_STATS, dtype=dtype)
+        weights = torch.zeros(2, len(_RATIO_METRICS), NUM_STATS, dtype=dtype)
         offset = torch.zeros(len(_RATIO_METRICS), dtype=dtype)
         for k, (numerator, denominator) in enumerate(_RATIO_METRICS.values()):
             for stat, w in numerator.items():
-                weights[0, k, stat] = w
+                weights[0, k, _STAT_INDEX[stat]] = w
             if denominator is None:
                 offset[k] = 1.0
             else:
-                weights[1, k, denominator] = 1.0
+                weights[1, k, _STAT_INDEX[denominator]] = 1.0
         _metric_weights_cache[key] = (weights.to(device), offset.to(device))
     return _metric_weights_cache[key]
 
@@ -687,6 +865,11 @@ def _metrics_from_stats(stats: torch.Tensor, pg_loss: torch.Tensor, kl: torch.Te
     return metrics
 
 
+def stat(stats: torch.Tensor, name: str) -> torch.Tensor:
+    """The counter ``name`` of :data:`STATS` in a ``stats`` vector returned by :func:`hacpo_loss`."""
+    return stats[_STAT_INDEX[name]]
+
+
 def _check_tensor(x: torch.Tensor | None, name: str, shape: tuple[int, ...], device) -> None:
     if x is None:
         raise ValueError(f"{name} is required")
@@ -696,11 +879,6 @@ def _check_tensor(x: torch.Tensor | None, name: str, shape: tuple[int, ...], dev
         raise ValueError(f"{name} is on {x.device}, expected {device}")
 
 
-def _check_count(name: str, value) -> None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-        raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-
-
 def hacpo_loss(
     logp: torch.Tensor,
     mask: torch.Tensor,
@@ -708,30 +886,11 @@ def hacpo_loss(
     old_logp_mean: torch.Tensor | None,
     is_own: torch.Tensor,
     coef: torch.Tensor,
+    params: LossParams | None = None,
     *,
-    update_index: int = 0,
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
-    delta: float = 0.2,
-    delta_step: float = 0.025,
-    alpha: float = 1.0,
-    stepwise: bool = True,
-    cross_clip: bool = True,
-    cross_clip_high: float = 1.0,
-    cross_clip_mode: str = "clamp",
-    cross_clip_dual: float = 3.0,
-    foreign_rule: str = "cross",
-    log_ratio_clip: float | None = 10.0,
-    log_ratio_clip_mode: str = "symmetric",
-    ratio_level: str = "sequence",
     old_logp: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
     ref_logp: torch.Tensor | None = None,
-    loss_agg: str = "seq-mean-token-mean",
-    num_seqs: int | None = None,
-    num_tokens: int | None = None,
-    num_own_seqs: int | None = None,
-    num_own_tokens: int | None = None,
+    totals: LossTotals | None = None,
     backend: str = "auto",
 ) -> HacpoLossOutput:
     """HACPO / GSPO / GRPO / Naive loss for one learner on a micro-batch of ``B`` rows (formulas in the module
@@ -745,46 +904,29 @@ def hacpo_loss(
             at token level).
         is_own: ``[B]`` bool, True where the row was generated by the learner itself.
         coef: ``[B]`` capability coefficient ``omega^(j,k)`` (1 for own rows, eq. 10).
-        update_index: ``m``, optimizer steps already taken in this training step (eq. 14).
-        eps_low, eps_high: own-row clip range ``[1 - eps_low, 1 + eps_high]``.
-        delta, delta_step: foreign window ``[min(1, 1 - delta + m * delta_step), 1]``.
-        alpha: exponential importance-sampling power (eq. 12), ``>= 0``.
-        stepwise: tighten the foreign window with ``m`` (otherwise ``[1 - delta, 1]``).
-        cross_clip: clamp foreign ratios to the window (``False``: no clamp, ablation "no Clip").
-        cross_clip_high: upper end of the foreign window (1 in the paper; ``>= 1``).
-        cross_clip_mode: ``"clamp"`` (paper) or ``"pessimistic"`` (``min(s A, c A) sg(c)^alpha omega``: positive
-            advantages below the window and negative ones above it keep their gradient).
-        cross_clip_dual: pessimistic mode: negative-advantage foreign units with ``s > cross_clip_dual`` get no
-            gradient (dual clip, ``>= cross_clip_high``).
-        foreign_rule: ``"cross"`` (HACPO, the rules above) or ``"self_clip"`` (Naive: foreign rows use the own-row
-            clip, ``coef`` is ignored; the foreign metrics then use the window ``[1 - eps_low, 1 + eps_high]``).
-        log_ratio_clip: clamp of the log-ratio, ``None`` for none.
-        log_ratio_clip_mode: ``"symmetric"`` (``[-C, C]``) or ``"upper"`` (``<= C``).
-        ratio_level: ``"sequence"`` (GSPO) or ``"token"`` (needs ``old_logp``).
+        params: :class:`LossParams` (validated when built; default ``LossParams()``).
         old_logp: ``[B, T]`` old token log-probs on the same tokens (token level only).
-        kl_coef, ref_logp: weight and ``[B, T]`` reference log-probs of the low-variance (k3) KL on own tokens,
-            ``exp(d) - d - 1`` with ``d = clamp(ref - logp, ±20)``, aggregated like the policy term over own rows
-            (``num_own_seqs``) or own tokens (``num_own_tokens``); the metric ``kl`` is reported whenever
-            ``ref_logp`` is given.
-        loss_agg: ``"seq-mean-token-mean"`` or ``"token-mean"``.
-        num_seqs, num_tokens, num_own_seqs, num_own_tokens: aggregation denominators (mini-batch totals under
-            gradient accumulation); ``None`` counts this micro-batch.
+        ref_logp: ``[B, T]`` reference log-probs of the low-variance (k3) KL on own tokens (weight
+            ``params.kl_coef``), ``min(exp(d) - d - 1, 10)`` with ``d = clamp(ref - logp, ±20)``, aggregated like
+            the policy term over own rows or own tokens; the metric ``kl`` is reported whenever it is given.
+        totals: :class:`LossTotals`, the aggregation denominators (mini-batch totals under gradient accumulation).
         backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
 
     Returns:
         :class:`HacpoLossOutput`; fp32, or fp64 for fp64 ``logp`` on the torch backend.
     """
+    params = LossParams() if params is None else params
+    totals = LossTotals() if totals is None else totals
+    if not isinstance(params, LossParams):
+        raise TypeError(f"params must be a LossParams, got {type(params).__name__}")
+    if not isinstance(totals, LossTotals):
+        raise TypeError(f"totals must be a LossTotals, got {type(totals).__name__}")
     if logp.dim() != 2:
         raise ValueError(f"logp must be 2-D [B, T], got shape {tuple(logp.shape)}")
     n_rows, n_cols = logp.shape
     dev = logp.device
     _check_tensor(mask, "mask", (n_rows, n_cols), dev)
-    validate_loss_params("hacpo_loss", eps_low=eps_low, eps_high=eps_high, delta=delta, delta_step=delta_step,
-                         alpha=alpha, cross_clip_high=cross_clip_high, cross_clip_mode=cross_clip_mode,
-                         cross_clip_dual=cross_clip_dual, log_ratio_clip=log_ratio_clip,
-                         log_ratio_clip_mode=log_ratio_clip_mode, ratio_level=ratio_level, loss_agg=loss_agg,
-                         kl_coef=kl_coef, foreign_rule=foreign_rule)
-    token_level = ratio_level == "token"
+    token_level = params.token_level
     for name, vec in (("advantages", advantages), ("is_own", is_own), ("coef", coef)):
         _check_tensor(vec, name, (n_rows,), dev)
     if token_level:
@@ -792,38 +934,11 @@ def hacpo_loss(
             raise ValueError(f"ratio_level='token' needs old_logp of shape {tuple(logp.shape)} on {dev}")
     else:
         _check_tensor(old_logp_mean, "old_logp_mean", (n_rows,), dev)
-    if kl_coef > 0 and ref_logp is None:
-        raise ValueError(f"kl_coef = {kl_coef} > 0 needs ref_logp [B, T]")
+    if params.kl_coef > 0 and ref_logp is None:
+        raise ValueError(f"kl_coef = {params.kl_coef} > 0 needs ref_logp [B, T]")
     if ref_logp is not None:
         _check_tensor(ref_logp, "ref_logp", (n_rows, n_cols), dev)
-    for name, val in (("num_seqs", num_seqs), ("num_tokens", num_tokens), ("num_own_seqs", num_own_seqs),
-                      ("num_own_tokens", num_own_tokens)):
-        _check_count(name, val)
 
-    self_rule = foreign_rule == "self_clip"
-    lo = cross_clip_lower_bound(delta, delta_step, update_index, stepwise)
-    hp = {
-        "eps_low": float(eps_low),
-        "eps_high": float(eps_high),
-        # Naive reports its foreign rows against its own clip window
-        "lo": 1.0 - float(eps_low) if self_rule else float(lo),
-        "hi": 1.0 + float(eps_high) if self_rule else float(cross_clip_high),
-        "dual": float(cross_clip_dual),
-        "alpha": float(alpha),
-        "clip_val": float(log_ratio_clip) if log_ratio_clip is not None else 0.0,
-        "clip_mode": 0 if log_ratio_clip is None else (1 if log_ratio_clip_mode == "symmetric" else 2),
-        "cross_clip": bool(cross_clip),
-        "cross_min": bool(cross_clip) and cross_clip_mode == "pessimistic",
-        "foreign_self": self_rule,
-        "has_kl": ref_logp is not None,
-        "kl_coef": float(kl_coef),
-        "token_level": token_level,
-        "token_mean": loss_agg == "token-mean",
-        "num_seqs": num_seqs,
-        "num_tokens": num_tokens,
-        "num_own_seqs": num_own_seqs,
-        "num_own_tokens": num_own_tokens,
-    }
     chosen = resolve_backend(backend, logp, _hacpo_fwd_kernel)
     if chosen == "triton":
         if logp.dtype not in FLOAT_DTYPES:
@@ -832,11 +947,11 @@ def hacpo_loss(
         loss, obj, ratio, stats, pg_loss, kl = _HacpoLossTriton.apply(
             _rowwise(logp), _rowwise(mask), _rowwise(old_logp) if token_level else None, _rowwise(ref_logp),
             advantages.contiguous(), old_logp_mean.contiguous() if not token_level else None,
-            _as_loadable(is_own).contiguous(), coef.contiguous(), hp,
+            _as_loadable(is_own).contiguous(), coef.contiguous(), params, totals,
         )
         if token_level:
             ratio = None
     else:
         loss, obj, ratio, stats, pg_loss, kl = _hacpo_loss_torch(logp, mask, old_logp, ref_logp, advantages,
-                                                                 old_logp_mean, is_own, coef, hp)
-    return HacpoLossOutput(loss, obj, ratio, _metrics_from_stats(stats, pg_loss, kl))
+                                                                 old_logp_mean, is_own, coef, params, totals)
+    return HacpoLossOutput(loss, obj, ratio, _metrics_from_stats(stats, pg_loss, kl), stats)

@@ -249,6 +249,11 @@ class TrainConfig:
     logprob_path: str = _training("fused", choices=LOGPROB_PATHS, help="fused: log-probs from the final hidden states "
                                   "and the LM head in tiles, without the full logits; logits: from the model's logits "
                                   "of the response positions")
+    skip_zero_grad_rows: bool = _training(True, flag="--no_skip_zero_grad_rows", help="train every foreign row "
+                                          "through the backward pass, also those a forward without gradient shows "
+                                          "to have zero gradient at the update (same result, more compute)")
+    length_grouping: bool = _training(True, flag="--no_length_grouping", help="micro-batches in the given row order "
+                                      "instead of grouped by length (same result, more padding computed)")
     actor_num_gpus_per_node: int = _training(1, ge=1, help="data-parallel policy workers per agent")
     device: str = _training("auto", choices=DEVICES, help="auto: cuda when the Ray cluster has GPUs")
     use_ray: bool = _training(True, flag="--no_ray", help="run every agent's worker inside this process (one worker "

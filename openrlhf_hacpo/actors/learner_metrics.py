@@ -1,7 +1,7 @@
 """What a learner logs about its view and its loss, as weighted means (:mod:`openrlhf_hacpo.utils.weighted`).
 
 Each figure carries the weight it is averaged with across micro-batches, updates and ranks: row counts for view
-sizes and advantages, own / foreign / positive-foreign row counts for the loss terms named by those prefixes.
+sizes and advantages; for the loss, the weights the loss itself declares for each of its metrics.
 """
 from __future__ import annotations
 
@@ -10,13 +10,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from openrlhf_hacpo.algorithms.losses import PolicyLossOutput
 from openrlhf_hacpo.rollout import LearnerBatch
 from openrlhf_hacpo.utils.weighted import WeightedMeans
 
 __all__ = ["record_loss_metrics", "record_view_stats"]
-
-_COUNTS = ("num_own", "num_foreign", "num_foreign_pos", "loss")
-
 
 def record_view_stats(batch: LearnerBatch, advantages: torch.Tensor, stats: WeightedMeans,
                       agent_names: Sequence[str]) -> None:
@@ -48,20 +46,11 @@ def record_view_stats(batch: LearnerBatch, advantages: torch.Tensor, stats: Weig
             stats.add(f"view/retokenization_ratio/{name}", learner_tokens / source_tokens, float(source_tokens))
 
 
-def record_loss_metrics(metrics: dict[str, float], stats: WeightedMeans) -> None:
-    """One micro-batch's loss metrics as ``policy/<key>``, weighted by the rows they average over: ``own_*`` by
-    own rows, ``foreign_pos_*`` by foreign rows with a positive advantage, ``foreign_*`` by foreign rows, the rest
-    by all rows. The counts themselves and the loss (logged per update) are not recorded."""
-    n_own, n_foreign = metrics.get("num_own", 0.0), metrics.get("num_foreign", 0.0)
-    for key, value in metrics.items():
-        if key in _COUNTS:
-            continue
-        if key.startswith("own_"):
-            weight = n_own
-        elif key.startswith("foreign_pos_"):
-            weight = metrics.get("num_foreign_pos", 0.0)
-        elif key.startswith("foreign_"):
-            weight = n_foreign
-        else:
-            weight = n_own + n_foreign
-        stats.add(f"policy/{key}", value, weight)
+def record_loss_metrics(out: PolicyLossOutput, stats: WeightedMeans) -> None:
+    """One loss call's metrics as ``policy/<key>``, each with the weight the loss declares for it
+    (:attr:`PolicyLossOutput.weights`: own-row metrics by own rows, foreign ones by foreign rows, token means by
+    tokens, ...), so the merged figure is the same however rows are split into micro-batches. Counts, the loss and
+    its two terms (summed per update by the update loop) have no weight and are not recorded here."""
+    for key, weight in out.weights.items():
+        if key in out.metrics:
+            stats.add(f"policy/{key}", out.metrics[key], weight)

@@ -26,6 +26,7 @@ from openrlhf_hacpo.actors.results import RankTrainResult, RolloutResult, Worker
 from openrlhf_hacpo.actors.scoring import RenderedPrompts, RolloutScorer, view_config
 from openrlhf_hacpo.actors.sharding import outputs_for_shard
 from openrlhf_hacpo.actors.update_loop import UpdateLoop
+from openrlhf_hacpo.algorithms import CapabilityRatios
 from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
 from openrlhf_hacpo.models.tokenizer import load_tokenizer
@@ -149,9 +150,9 @@ class PolicyWorker:
 
     # ------------------------------------------------------------------------------------------------ training
     def train_step(self, trajectories: Sequence[Trajectory], step: int,
-                   ratio_matrix: torch.Tensor) -> RankTrainResult:
+                   ratios: CapabilityRatios) -> RankTrainResult:
         """Update the policy on one step's trajectories (see :meth:`UpdateLoop.train_step`)."""
-        return self.updater.train_step(trajectories, step, ratio_matrix)
+        return self.updater.train_step(trajectories, step, ratios)
 
     # ------------------------------------------------------------------------------------------------ weights, state
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:

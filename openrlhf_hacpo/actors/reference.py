@@ -1,4 +1,4 @@
-"""The frozen reference policy of one agent (its initial weights), for the KL term on own rows (spec §3.e).
+"""The frozen reference policy of one agent (its initial weights), for the KL term on own rows (docs/algorithm.md §3).
 
 Log-probs come from :func:`openrlhf_hacpo.models.score_logprobs` (the fused LM-head path by default).
 """
@@ -57,12 +57,14 @@ class ReferenceWorker:
         return {"num_parameters": sum(p.numel() for p in self.model.parameters())}
 
     def compute_logprobs(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
-                         temperature: float) -> list[torch.Tensor]:
-        """Per-token reference log-probs of each response (float32 CPU tensors aligned with ``response_ids``)."""
+                         temperature: float, group_by_length: bool = False) -> list[torch.Tensor]:
+        """Per-token reference log-probs of each response (float32 CPU tensors aligned with ``response_ids``);
+        ``group_by_length`` packs rows of similar length together (same values, less padding computed)."""
         if self.model is None:
             raise RuntimeError("ReferenceWorker.setup() was not called")
         return score_logprobs(self.model, prompt_ids, response_ids, self.pad_token_id, temperature,
-                              self.micro_batch_size, self.device, path=self.logprob_path, backend=self.kernel_backend)
+                              self.micro_batch_size, self.device, path=self.logprob_path, backend=self.kernel_backend,
+                              group_by_length=group_by_length)
 
 
 @functools.cache

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from openrlhf_hacpo.rollout import Trajectory
+from openrlhf_hacpo.utils.timing import slowest
 from openrlhf_hacpo.utils.weighted import WeightedState, merge_weighted
 
-__all__ = ["RankTrainResult", "RolloutResult", "StepTimings", "TrainStepResult", "WorkerInfo"]
+__all__ = ["RankTrainResult", "RolloutResult", "TrainStepResult", "WorkerInfo"]
 
 
 @dataclass(frozen=True)
@@ -52,26 +53,16 @@ class RolloutResult:
 
 
 @dataclass(frozen=True)
-class StepTimings:
-    """Seconds of a learner's training step: reference log-probs (``logprob_s``) and the rest (``update_s``)."""
-
-    logprob_s: float
-    update_s: float
-
-    @staticmethod
-    def slowest(parts: Sequence["StepTimings"]) -> "StepTimings":
-        return StepTimings(logprob_s=max(p.logprob_s for p in parts), update_s=max(p.update_s for p in parts))
-
-
-@dataclass(frozen=True)
 class RankTrainResult:
-    """One rank's training step: metric sums to merge (:mod:`openrlhf_hacpo.utils.weighted`), update counts."""
+    """One rank's training step: metric sums to merge (:mod:`openrlhf_hacpo.utils.weighted`), update counts and
+    the seconds of its phases (``view``, ``advantages``, ``reference``, ``probe``, ``update``;
+    :class:`~openrlhf_hacpo.utils.timing.PhaseTimer`)."""
 
     metrics: WeightedState
     skipped_updates: int
     skipped_updates_total: int
     updates: int
-    timings: StepTimings
+    timings: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -79,14 +70,15 @@ class TrainStepResult:
     """A learner's training step over all its ranks: merged weighted-mean metrics and update counts.
 
     ``skipped_updates`` counts this step's skipped (non-finite) updates, ``skipped_updates_total`` the run's;
-    ``updates`` is the number of mini-batch updates the step planned.
+    ``updates`` is the number of mini-batch updates the step planned; ``timings`` the slowest rank's seconds per
+    phase.
     """
 
     metrics: dict[str, float]
     skipped_updates: int
     skipped_updates_total: int
     updates: int
-    timings: StepTimings
+    timings: dict[str, float]
 
     @staticmethod
     def combine(parts: Sequence[RankTrainResult]) -> "TrainStepResult":
@@ -96,5 +88,5 @@ class TrainStepResult:
             skipped_updates=parts[0].skipped_updates,
             skipped_updates_total=parts[0].skipped_updates_total,
             updates=parts[0].updates,
-            timings=StepTimings.slowest([p.timings for p in parts]),
+            timings=slowest([p.timings for p in parts]),
         )

@@ -1,7 +1,7 @@
 """From sampled responses to trajectories: prompt rendering and the old-log-prob recompute of own responses.
 
 The ratio denominator of the policy loss is the policy's own recompute at the rollout temperature, not the engine's
-log-probs (spec §3.c). Each prompt is rendered once per call, as ids (what the model generates from, left-truncated
+log-probs (docs/algorithm.md §5). Each prompt is rendered once per call, as ids (what the model generates from, left-truncated
 to ``prompt_max_len``) and as text (what reward functions read).
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ class RolloutScorer:
             logps = score_logprobs(model, [rendered.ids[o.prompt_index] for o in outputs],
                                [list(o.response_token_ids) for o in outputs], int(self.tokenizer.pad_token_id),
                                cfg.temperature, cfg.micro_train_batch_size, device, path=cfg.logprob_path,
-                               backend=cfg.kernel_backend)
+                               backend=cfg.kernel_backend, group_by_length=cfg.length_grouping)
         finally:
             model.train()
         trajs = []

@@ -3,7 +3,7 @@
 Nothing here imports Ray, models or the rest of the package (the loss math itself is in ``hacpo_kernels``); see ``docs/algorithm.md`` for the formulas.
 """
 from .advantages import AdvantageOutput, compute_advantages
-from .capability import CapabilityTracker, capability_ratios, step_capability
+from .capability import CapabilityRatios, CapabilityStep, CapabilityTracker, capability_ratios, step_capability
 from .config import (
     ALGORITHMS,
     PRESETS,
@@ -14,11 +14,12 @@ from .config import (
 )
 from .losses import (
     POLICY_LOSSES,
-    PolicyLossFn,
+    LossTotals,
+    PolicyLoss,
     PolicyLossInput,
     PolicyLossOutput,
+    check_policy_input,
     get_policy_loss,
-    register_policy_loss,
 )
 
 __all__ = [
@@ -27,16 +28,19 @@ __all__ = [
     "AdvantageConfig",
     "AdvantageOutput",
     "CapabilityConfig",
+    "CapabilityRatios",
+    "CapabilityStep",
     "CapabilityTracker",
     "HACPOConfig",
+    "LossTotals",
     "POLICY_LOSSES",
+    "PolicyLoss",
     "PolicyLossConfig",
-    "PolicyLossFn",
     "PolicyLossInput",
     "PolicyLossOutput",
     "capability_ratios",
+    "check_policy_input",
     "compute_advantages",
     "get_policy_loss",
-    "register_policy_loss",
     "step_capability",
 ]

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 
 from .config import CapabilityConfig
 
-__all__ = ["CapabilityTracker", "step_capability", "capability_ratios"]
+__all__ = ["CapabilityRatios", "CapabilityStep", "CapabilityTracker", "step_capability", "capability_ratios"]
 
 
 def step_capability(rewards: torch.Tensor, metric: str = "positive_rate", *, name: str = "rewards") -> float:
@@ -50,6 +51,47 @@ def capability_ratios(capabilities: torch.Tensor, ratio_min: float = 0.1, ratio_
     return (caps[:, None] / caps[None, :]).clamp(ratio_min, ratio_max)
 
 
+@dataclass(frozen=True)
+class CapabilityRatios:
+    """The clipped capability ratios R[a, b] = clip(P̂_a / P̂_b) of one step (float64 [n, n]), read in the two
+    directions the algorithm uses them; learners receive this value, not the tracker."""
+
+    matrix: torch.Tensor
+
+    def __post_init__(self) -> None:
+        m = self.matrix
+        if not isinstance(m, torch.Tensor) or m.dim() != 2 or m.shape[0] != m.shape[1]:
+            raise ValueError(f"CapabilityRatios.matrix must be a square [n, n] tensor, got "
+                             f"{list(m.shape) if isinstance(m, torch.Tensor) else type(m).__name__}")
+        object.__setattr__(self, "matrix", m.detach().to(torch.float64).cpu())
+
+    @property
+    def num_agents(self) -> int:
+        return int(self.matrix.shape[0])
+
+    def baseline_weights(self, learner: int) -> torch.Tensor:
+        """ω^(k,j) = R[k, j] for every source j: learner k's weights in the advantage baseline (eqs. 7–8), [n]."""
+        return self.matrix[self._agent(learner)].clone()
+
+    def coefficients(self, learner: int) -> torch.Tensor:
+        """ω^(j,k) = R[j, k] for every source j: the coefficient of learner k's foreign rows (eq. 10), [n]."""
+        return self.matrix[:, self._agent(learner)].clone()
+
+    def _agent(self, index: int) -> int:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.num_agents:
+            raise ValueError(f"learner must be an agent index in [0, {self.num_agents}), got {index!r}")
+        return index
+
+
+@dataclass(frozen=True)
+class CapabilityStep:
+    """What one :meth:`CapabilityTracker.update` measured: ``step`` = P_τ of every agent from this step's rewards
+    alone, ``smoothed`` = P̂ over the window (eq. 9), both float64 [n]."""
+
+    step: torch.Tensor
+    smoothed: torch.Tensor
+
+
 class CapabilityTracker:
     """Sliding-window capability P̂ of ``num_agents`` agents and their clipped ratios."""
 
@@ -62,8 +104,9 @@ class CapabilityTracker:
         self.num_updates = 0
 
     # -- updating -------------------------------------------------------------------------------------------
-    def update(self, per_agent_rewards: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Record this step's P_τ of every agent (one reward tensor per agent, in agent order); return P̂."""
+    def update(self, per_agent_rewards: Sequence[torch.Tensor]) -> CapabilityStep:
+        """Record this step's P_τ of every agent (one reward tensor per agent, in agent order); returns P_τ and
+        the new P̂."""
         if isinstance(per_agent_rewards, torch.Tensor) or not isinstance(per_agent_rewards, Sequence):
             raise TypeError("per_agent_rewards must be a list with one reward tensor per agent")
         if len(per_agent_rewards) != self.num_agents:
@@ -77,7 +120,7 @@ class CapabilityTracker:
         for agent, value in enumerate(values):
             self._history[agent].append(value)
         self.num_updates += 1
-        return self.capabilities()
+        return CapabilityStep(step=torch.tensor(values, dtype=torch.float64), smoothed=self.capabilities())
 
     # -- reading --------------------------------------------------------------------------------------------
     def capabilities(self) -> torch.Tensor:
@@ -96,21 +139,15 @@ class CapabilityTracker:
             return torch.ones(self.num_agents, self.num_agents, dtype=torch.float64)
         return capability_ratios(self.capabilities(), self.cfg.ratio_min, self.cfg.ratio_max)
 
+    def ratios(self) -> CapabilityRatios:
+        """The ratio matrix as the typed value learners receive."""
+        return CapabilityRatios(self.ratio_matrix())
+
     def ratio(self, a: int, b: int) -> float:
         """R[a, b] = clip(P̂_a / P̂_b) as a float."""
         self._check_agent("a", a)
         self._check_agent("b", b)
         return float(self.ratio_matrix()[a, b])
-
-    def omega(self, learner: int) -> torch.Tensor:
-        """Baseline weights of ``learner`` k: ω^(k,j) = R[k, j] for every source j (eq. 7–8), [n]."""
-        self._check_agent("learner", learner)
-        return self.ratio_matrix()[learner].clone()
-
-    def coefficients(self, learner: int) -> torch.Tensor:
-        """Foreign-row coefficients of ``learner`` k: ω^(j,k) = R[j, k] for every source j (eq. 10), [n]."""
-        self._check_agent("learner", learner)
-        return self.ratio_matrix()[:, learner].clone()
 
     def _check_agent(self, name: str, index: int) -> None:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < self.num_agents:

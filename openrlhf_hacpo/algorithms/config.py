@@ -1,6 +1,6 @@
 """Typed configuration for the HACPO math: capability tracking, advantages and the policy loss.
 
-Defaults follow the official HACPO code (spec §3.f), not the paper text, wherever the two differ; every
+Defaults follow the official HACPO code (docs/algorithm.md §5), not the paper text, wherever the two differ; every
 paper variant is reachable through a field (see ``docs/algorithm.md`` for the list). Each dataclass validates
 itself in ``__post_init__`` and raises ``ValueError`` naming the offending field. Fields with a ``train_hacpo`` flag
 carry it in their metadata (:func:`~openrlhf_hacpo.utils.options.option`).
@@ -16,11 +16,12 @@ from hacpo_kernels.hacpo_loss import (
     LOG_RATIO_CLIP_MODES,
     LOSS_AGGS as LOSS_AGGREGATIONS,
     RATIO_LEVELS,
+    LossParams,
+    check_loss_params,
     cross_clip_lower_bound,
-    validate_loss_params,
 )
 from openrlhf_hacpo.utils.checks import check_bool, check_choice, check_int, check_real, fail
-from openrlhf_hacpo.utils.options import option
+from openrlhf_hacpo.utils.options import field_label, option
 
 ALGORITHMS = ("hacpo", "gspo", "grpo", "naive")
 """Policy-loss families; each is also the name of a registered policy loss."""
@@ -39,7 +40,12 @@ PRESETS = (
 
 CAPABILITY_METRICS = ("positive_rate", "mean_reward")
 ADVANTAGE_SCOPES = ("joint", "own")
-GSPO_FORMS = ("sequence", "token")
+
+
+def _label(obj: Any, name: str) -> str:
+    """How an error names a field: ``--cross_clip_delta (PolicyLossConfig.delta)``
+    (:func:`~openrlhf_hacpo.utils.options.field_label`)."""
+    return field_label(next(f for f in dataclasses.fields(obj) if f.name == name), type(obj).__name__)
 
 
 def _check_known_fields(cls, data: Mapping[str, Any]) -> None:
@@ -169,10 +175,12 @@ class PolicyLossConfig:
       with use_kl_loss; the paper has no KL: set 0).
     * ``ratio_level``: ``"sequence"`` (GSPO, eq. 25) or ``"token"`` (per-token ratios with the same clip rules;
       needs per-token old log-probs aligned with the learner's tokens). The ``grpo`` loss is always token-level.
-    * ``gspo_form``: ``"sequence"`` computes s directly; ``"token"`` uses GSPO-token,
-      log s_t = sg[log s] + log π_t − sg[log π_t], which has the same value and gradient.
     * ``loss_agg``: ``"seq-mean-token-mean"`` (code default: mean over sequences of per-sequence objectives) or
-      ``"token-mean"`` (every token weighted equally).
+      ``"token-mean"`` (every token weighted equally). For ``grpo`` this is the documented aggregation choice: the
+      paper's GRPO formula is seq-mean-token-mean, a stock verl GRPO run uses token-mean.
+    * ``dual_clip_c``: the ``grpo`` loss's dual clip (verl ``clip_ratio_c``, 3): a negative-advantage token's
+      objective is bounded below by c·A, max(min(w·A, clip(w)·A), c·A); ``None`` disables it. GSPO, HACPO and Naive
+      have no dual clip on own rows (verl's GSPO loss has none).
     """
 
     eps_low: float = option(3e-4, flag="--eps_clip_low", help="own-rollout clip: ratio in [1-low, 1+high] (GSPO "
@@ -202,23 +210,21 @@ class PolicyLossConfig:
                             "disables the reference model")
     ratio_level: str = option("sequence", choices=RATIO_LEVELS, help="sequence (GSPO) or token ratios (gspo / grpo "
                               "only)")
-    gspo_form: str = "sequence"
     loss_agg: str = option("seq-mean-token-mean", choices=LOSS_AGGREGATIONS, help="how objectives are averaged")
+    dual_clip_c: float | None = option(3.0, help="grpo: dual clip c, negative-advantage tokens with ratio above c get "
+                                       "no gradient (verl clip_ratio_c); 0 disables", zero_is_none=True)
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         owner = type(self).__name__
-        # the loss hyperparameters follow the kernel's one set of rules
-        validate_loss_params(owner, eps_low=self.eps_low, eps_high=self.eps_high, delta=self.delta,
-                             delta_step=self.delta_step, alpha=self.alpha, cross_clip_high=self.cross_clip_high,
-                             cross_clip_mode=self.cross_clip_mode, cross_clip_dual=self.cross_clip_dual,
-                             log_ratio_clip=self.log_ratio_clip, log_ratio_clip_mode=self.log_ratio_clip_mode,
-                             ratio_level=self.ratio_level, loss_agg=self.loss_agg, kl_coef=self.kl_coef)
-        for name in ("stepwise", "cross_clip", "capability_coef"):
-            check_bool(f"{owner}.{name}", getattr(self, name))
-        check_choice(f"{owner}.gspo_form", self.gspo_form, GSPO_FORMS)
+        # the loss hyperparameters follow the kernel's one set of rules (LossParams.check), named as the user
+        # writes them: "--cross_clip_delta (PolicyLossConfig.delta) must be <= 1, got 1.5"
+        check_bool(f"{_label(self, 'capability_coef')}", self.capability_coef)
+        kernel_fields = {f.name for f in dataclasses.fields(LossParams)} & {f.name for f in dataclasses.fields(self)}
+        check_loss_params({name: getattr(self, name) for name in kernel_fields}, owner,
+                          {name: _label(self, name) for name in kernel_fields})
 
     @property
     def uses_kl(self) -> bool:

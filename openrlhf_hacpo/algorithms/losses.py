@@ -1,7 +1,8 @@
-"""Policy losses: GRPO, GSPO, HACPO and the Naive baseline, behind a name registry.
+"""Policy losses: GRPO, GSPO, HACPO and the Naive baseline, as one table of rows over one kernel.
 
 A loss maps a :class:`PolicyLossInput` (learner k's token log-probs on one micro-batch of rows, own and foreign)
-and a :class:`PolicyLossConfig` to a :class:`PolicyLossOutput`. Ratios (learner k, row from source j):
+and a :class:`~openrlhf_hacpo.algorithms.config.PolicyLossConfig` to a :class:`PolicyLossOutput`. Ratios (learner
+k, row from source j):
 
     s_i   = exp( mean_t log π_θ^(k)(y_i,t) − mean_t log π_old^(j)(y_i,t) )      sequence ratio (eqs. 11, 25)
     w_i,t = exp( log π_θ^(k)(y_i,t) − log π_old(y_i,t) )                         token ratio (GRPO)
@@ -17,33 +18,44 @@ Foreign rows have no min(): outside [lo_m, 1] the clamp passes zero gradient wha
 is dropped from the update. The minimised loss is −(aggregate of the objectives) + kl_coef · KL, where KL is the
 low-variance (k3) estimate to the reference policy on own rows only.
 
-The math itself is written once, in :mod:`hacpo_kernels.hacpo_loss` (a Triton kernel for CUDA tensors and its
-plain-torch twin elsewhere, chosen by the kernel dispatcher: ``backend`` argument, ``--kernel_backend`` in the
-trainer, or the ``HACPO_KERNEL_BACKEND`` environment variable). This module validates the input, maps each
-registered name to the kernel's switches and turns the kernel's metrics into floats.
+The math is written once, in :mod:`hacpo_kernels.hacpo_loss` (a Triton kernel for CUDA tensors and its plain-torch
+twin elsewhere). The four losses differ only in three switches of that kernel, so they are four rows of
+:data:`POLICY_LOSSES`, not four functions: a new loss that needs new math is a change to the kernel.
 
-Registered names: ``grpo`` (token ratios, own rows), ``gspo`` (own rows), ``hacpo`` (own rows as GSPO, foreign
-rows as above) and ``naive`` (every row with the self-type GSPO clip, no coefficient). ``gspo_form="token"``
-(GSPO-token) has the same value and gradient as the sequence form and runs the sequence kernel.
+=========  ====================  ===============  ==================  =====================
+name       ratios                foreign rows     own-row dual clip   capability coefficient
+=========  ====================  ===============  ==================  =====================
+grpo       token                 refused          yes (c = 3)         –
+gspo       ``ratio_level``       refused          no                  –
+hacpo      sequence              cross (eq. 53)   no                  ``capability_coef``
+naive      sequence              own-row clip     no                  no (ω = 1)
+=========  ====================  ===============  ==================  =====================
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from hacpo_kernels import hacpo_loss as fused_policy_loss
+from hacpo_kernels.hacpo_loss import (
+    METRIC_WEIGHTS,
+    STATS,
+    LossParams,
+    LossTotals,
+    cross_clip_lower_bound,
+    hacpo_loss as fused_policy_loss,
+)
 
 from .config import PolicyLossConfig
 
 __all__ = [
     "PolicyLossInput",
     "PolicyLossOutput",
-    "PolicyLossFn",
+    "PolicyLoss",
     "POLICY_LOSSES",
-    "register_policy_loss",
+    "LossTotals",
     "get_policy_loss",
+    "check_policy_input",
 ]
 
 
@@ -61,9 +73,8 @@ class PolicyLossInput:
         update_index: m, optimizer updates already taken by this learner in the current step (eq. 14).
         old_logp: [B, T] per-token old log-probs on the learner's tokens; needed for token-level ratios.
         ref_logp: [B, T] reference-policy log-probs; needed when ``kl_coef > 0``.
-        num_seqs / num_tokens: mini-batch row / token totals used as the aggregation denominators when a
-            mini-batch is split into micro-batches (defaults: this micro-batch's counts).
-        num_own_seqs / num_own_tokens: the same for the own-row KL term.
+        totals: the mini-batch's row / token totals (all rows and own rows), the aggregation denominators when a
+            mini-batch is split into micro-batches (``None``: this micro-batch's counts).
     """
 
     logp: torch.Tensor
@@ -75,52 +86,29 @@ class PolicyLossInput:
     update_index: int = 0
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
-    num_seqs: int | None = None
-    num_tokens: int | None = None
-    num_own_seqs: int | None = None
-    num_own_tokens: int | None = None
+    totals: LossTotals | None = None
 
 
 @dataclass
 class PolicyLossOutput:
-    """``loss``: scalar to minimise; ``objectives``: [B] detached per-row objectives; ``metrics``: floats;
-    ``ratios``: [B] detached sequence ratios s (after the log-ratio clamp; ``None`` with token-level ratios)."""
+    """``loss``: scalar to minimise; ``objectives``: [B] detached per-row objectives; ``ratios``: [B] detached
+    sequence ratios s (after the log-ratio clamp; ``None`` with token-level ratios).
+
+    ``metrics`` (floats, read from the device in one transfer): the kernel's ``METRIC_NAMES`` plus ``loss``,
+    ``objective_mean``, ``num_foreign_pos`` and ``cross_lower_bound``; ``weights``: for each metric that is averaged
+    over micro-batches, the count it is averaged with (``hacpo_kernels.hacpo_loss.METRIC_WEIGHTS``; rows for
+    ``objective_mean`` and ``cross_lower_bound``). Counts (``num_own``, ``num_foreign``, ``num_foreign_pos``) and
+    ``loss`` have no weight: they are not averaged."""
 
     loss: torch.Tensor
     objectives: torch.Tensor
     metrics: dict[str, float]
     ratios: torch.Tensor | None = None
-
-
-PolicyLossFn = Callable[..., PolicyLossOutput]
-"""``fn(inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto") -> PolicyLossOutput``."""
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator adding a policy loss to :data:`POLICY_LOSSES` under ``name``."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"policy loss name must be a non-empty string, got {name!r}")
-
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """The registered policy loss called ``name``."""
-    try:
-        return POLICY_LOSSES[name]
-    except KeyError:
-        raise KeyError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}") from None
+    weights: dict[str, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# input checks
+# input checks (once per learner batch in training; on every call by default)
 
 
 def _require_tensor(name: str, value, shape: tuple[int, ...]) -> torch.Tensor:
@@ -139,35 +127,19 @@ def _require_finite(name: str, value: torch.Tensor, where: torch.Tensor | None =
         raise ValueError(f"PolicyLossInput.{name} contains NaN or inf")
 
 
-def _require_count(name: str, value, minimum: int) -> int:
-    if value is None:
-        return minimum
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"PolicyLossInput.{name} must be an int or None, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"PolicyLossInput.{name} must be >= {minimum} (the count in this micro-batch), got {value}")
-    return value
+def _require_count(name: str, value, minimum: int) -> None:
+    if value is not None and value < minimum:
+        raise ValueError(f"PolicyLossInput.totals.{name} must be >= {minimum} (the count in this micro-batch), "
+                         f"got {value}")
 
 
-@dataclass
-class _Batch:
-    """Validated view of a :class:`PolicyLossInput` in the dtype of ``logp``."""
-
-    logp: torch.Tensor  # [B, T] as given (padding is never read)
-    mask: torch.Tensor  # [B, T] bool
-    advantages: torch.Tensor
-    old_logp_mean: torch.Tensor
-    is_own: torch.Tensor
-    coef: torch.Tensor
-    num_seqs: int
-    num_tokens: int
-    num_own_seqs: int
-    num_own_tokens: int
-
-
-def _prepare(inp: PolicyLossInput, name: str) -> _Batch:
+def check_policy_input(inp: PolicyLossInput) -> None:
+    """Every rule on the values of a :class:`PolicyLossInput`: shapes, dtypes, finite values, non-empty rows,
+    positive coefficients, totals no smaller than the micro-batch's own counts. These checks synchronise with the
+    device, so training runs them once per learner batch (``UpdateLoop``) and calls the loss with ``check=False``.
+    """
     if not isinstance(inp, PolicyLossInput):
-        raise TypeError(f"policy loss {name!r} expects a PolicyLossInput, got {type(inp).__name__}")
+        raise TypeError(f"a policy loss expects a PolicyLossInput, got {type(inp).__name__}")
     logp = inp.logp
     if not isinstance(logp, torch.Tensor) or logp.dim() != 2:
         raise ValueError(f"PolicyLossInput.logp must be a [B, T] tensor, got "
@@ -178,134 +150,141 @@ def _prepare(inp: PolicyLossInput, name: str) -> _Batch:
     if B == 0 or T == 0:
         raise ValueError(f"PolicyLossInput.logp is empty (shape {[B, T]}): a loss needs at least one token")
     mask = _require_tensor("mask", inp.mask, (B, T)).to(device=logp.device) != 0
-    lengths_int = mask.sum(dim=1)
-    if bool((lengths_int == 0).any()):
-        row = int(torch.nonzero(lengths_int == 0)[0])
+    lengths = mask.sum(dim=1)
+    if bool((lengths == 0).any()):
+        row = int(torch.nonzero(lengths == 0)[0])
         raise ValueError(f"PolicyLossInput.mask row {row} has no response tokens")
     _require_finite("logp", logp, mask)
-    dtype, device = logp.dtype, logp.device
-
-    def row_tensor(field: str) -> torch.Tensor:
-        value = _require_tensor(field, getattr(inp, field), (B,))
-        _require_finite(field, value)
-        return value.detach().to(device=device, dtype=dtype)
-
-    advantages = row_tensor("advantages")
-    old_logp_mean = row_tensor("old_logp_mean")
-    coef = row_tensor("coef")
-    if bool((coef <= 0).any()):
+    for field in ("advantages", "old_logp_mean", "coef"):
+        _require_finite(field, _require_tensor(field, getattr(inp, field), (B,)))
+    if bool((inp.coef <= 0).any()):
         raise ValueError("PolicyLossInput.coef must be > 0 for every row")
     is_own = _require_tensor("is_own", inp.is_own, (B,))
     if is_own.dtype != torch.bool:
         raise ValueError(f"PolicyLossInput.is_own must be a bool tensor, got dtype {is_own.dtype}")
-    is_own = is_own.to(device)
     for field in ("old_logp", "ref_logp"):
         value = getattr(inp, field)
         if value is not None:
             _require_tensor(field, value, (B, T))
             _require_finite(field, value, mask)
-    own_tokens = int((lengths_int * is_own).sum())
-    return _Batch(
-        logp=logp,
-        mask=mask,
-        advantages=advantages,
-        old_logp_mean=old_logp_mean,
-        is_own=is_own,
-        coef=coef,
-        num_seqs=_require_count("num_seqs", inp.num_seqs, B),
-        num_tokens=_require_count("num_tokens", inp.num_tokens, int(lengths_int.sum())),
-        num_own_seqs=_require_count("num_own_seqs", inp.num_own_seqs, int(is_own.sum())),
-        num_own_tokens=_require_count("num_own_tokens", inp.num_own_tokens, own_tokens),
-    )
+    if inp.totals is not None:
+        if not isinstance(inp.totals, LossTotals):
+            raise TypeError(f"PolicyLossInput.totals must be a LossTotals, got {type(inp.totals).__name__}")
+        own = is_own.to(mask.device)
+        _require_count("num_seqs", inp.totals.num_seqs, B)
+        _require_count("num_tokens", inp.totals.num_tokens, int(lengths.sum()))
+        _require_count("num_own_seqs", inp.totals.num_own_seqs, int(own.sum()))
+        _require_count("num_own_tokens", inp.totals.num_own_tokens, int((lengths * own).sum()))
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# shared body of the registered losses
+# the table
 
 
-def _policy_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, name: str, backend: str, *, token_level: bool,
-                 foreign: str) -> PolicyLossOutput:
-    """Shared body; ``foreign`` is ``"reject"`` (own rows only), ``"self_clip"`` (Naive) or ``"cross"`` (HACPO)."""
-    if not isinstance(cfg, PolicyLossConfig):
-        raise TypeError(f"policy loss {name!r} expects a PolicyLossConfig, got {type(cfg).__name__}")
-    batch = _prepare(inp, name)
-    num_foreign = int((~batch.is_own).sum())
-    if foreign == "reject" and num_foreign:
-        raise ValueError(
-            f"policy loss {name!r} trains on the learner's own rollouts only, got {num_foreign} foreign rows "
-            "(use 'hacpo' or 'naive' for shared rollouts)"
-        )
-    if token_level and inp.old_logp is None:
-        raise ValueError(
-            f"policy loss {name!r} with token-level ratios needs PolicyLossInput.old_logp [B, T] on the "
-            "learner's tokens; foreign rows only carry the source's sequence mean (use ratio_level='sequence')"
-        )
-    if cfg.uses_kl and inp.ref_logp is None:
-        raise ValueError(f"policy loss {name!r}: kl_coef = {cfg.kl_coef} > 0 needs PolicyLossInput.ref_logp")
-    lower = cfg.cross_lower_bound(inp.update_index)
-    device, dtype = batch.logp.device, batch.logp.dtype
+@dataclass(frozen=True)
+class PolicyLoss:
+    """One row of the policy-loss table: the kernel switches that make a named loss.
 
-    def aligned(x: torch.Tensor | None) -> torch.Tensor | None:
-        return None if x is None else x.detach().to(device=device, dtype=dtype)
-
-    coef = batch.coef if (foreign == "cross" and cfg.capability_coef) else torch.ones_like(batch.coef)
-    out = fused_policy_loss(
-        inp.logp, batch.mask, batch.advantages, batch.old_logp_mean, batch.is_own, coef,
-        update_index=inp.update_index, eps_low=cfg.eps_low, eps_high=cfg.eps_high, delta=cfg.delta,
-        delta_step=cfg.delta_step, alpha=cfg.alpha, stepwise=cfg.stepwise, cross_clip=cfg.cross_clip,
-        cross_clip_high=cfg.cross_clip_high, cross_clip_mode=cfg.cross_clip_mode, cross_clip_dual=cfg.cross_clip_dual,
-        foreign_rule="self_clip" if foreign == "self_clip" else "cross",
-        log_ratio_clip=cfg.log_ratio_clip, log_ratio_clip_mode=cfg.log_ratio_clip_mode,
-        ratio_level="token" if token_level else "sequence",
-        old_logp=aligned(inp.old_logp) if token_level else None,
-        kl_coef=cfg.kl_coef, ref_logp=aligned(inp.ref_logp), loss_agg=cfg.loss_agg,
-        num_seqs=batch.num_seqs, num_tokens=batch.num_tokens,
-        num_own_seqs=max(batch.num_own_seqs, 1), num_own_tokens=max(batch.num_own_tokens, 1),
-        backend=backend,
-    )
-    names = list(out.metrics)
-    dtype = out.loss.dtype
-    values = torch.stack([out.loss.detach(), out.objectives.mean()]
-                         + [out.metrics[k].to(dtype) for k in names]).tolist()  # one device sync
-    metrics = {"loss": values[0], "objective_mean": values[1]}
-    metrics.update(zip(names, values[2:]))
-    metrics["num_foreign_pos"] = float((~batch.is_own & (batch.advantages > 0)).sum())
-    metrics["cross_lower_bound"] = float(lower)
-    return PolicyLossOutput(loss=out.loss, objectives=out.objectives, metrics=metrics, ratios=out.ratios)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# registered losses
-
-
-@register_policy_loss("grpo")
-def grpo_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto") -> PolicyLossOutput:
-    """GRPO (own rows): token ratios w_t = exp(log π_t − log π_old,t) with min(w·A, clip(w)·A) per token.
-
-    Always token-level (``ratio_level`` is ignored); use ``PolicyLossConfig.for_algorithm("grpo")`` for the
-    clip-higher range ε_low = 0.2, ε_high = 0.28.
+    * ``token_level``: ``True`` always uses token ratios (``grpo``); ``None`` follows ``ratio_level``.
+    * ``foreign``: ``"reject"`` (own rows only), ``"cross"`` (HACPO's foreign rule) or ``"self_clip"`` (Naive).
+    * ``dual_clip``: apply ``PolicyLossConfig.dual_clip_c`` to the own-row rule (verl's PPO/GRPO loss).
+    * ``capability_coef``: multiply foreign objectives by ω^(j,k) when ``PolicyLossConfig.capability_coef``.
     """
-    return _policy_loss(inp, cfg, "grpo", backend, token_level=True, foreign="reject")
+
+    name: str
+    token_level: bool | None
+    foreign: str
+    dual_clip: bool = False
+    capability_coef: bool = False
+
+    def uses_token_ratios(self, cfg: PolicyLossConfig) -> bool:
+        return self.token_level if self.token_level is not None else cfg.ratio_level == "token"
+
+    def params(self, cfg: PolicyLossConfig, update_index: int = 0) -> LossParams:
+        """The kernel's :class:`~hacpo_kernels.hacpo_loss.LossParams` for this loss at update ``update_index``."""
+        return LossParams(
+            eps_low=cfg.eps_low, eps_high=cfg.eps_high, delta=cfg.delta, delta_step=cfg.delta_step,
+            stepwise=cfg.stepwise, update_index=update_index, cross_clip=cfg.cross_clip,
+            cross_clip_high=cfg.cross_clip_high, cross_clip_mode=cfg.cross_clip_mode,
+            cross_clip_dual=cfg.cross_clip_dual, alpha=cfg.alpha,
+            foreign_rule="self_clip" if self.foreign == "self_clip" else "cross",
+            dual_clip_c=cfg.dual_clip_c if self.dual_clip else None,
+            log_ratio_clip=cfg.log_ratio_clip, log_ratio_clip_mode=cfg.log_ratio_clip_mode,
+            ratio_level="token" if self.uses_token_ratios(cfg) else "sequence", loss_agg=cfg.loss_agg,
+            kl_coef=cfg.kl_coef,
+        )
+
+    def coefficients(self, cfg: PolicyLossConfig, coef: torch.Tensor) -> torch.Tensor:
+        """The per-row coefficient the kernel multiplies foreign objectives by: ω^(j,k), or 1."""
+        return coef if (self.capability_coef and cfg.capability_coef) else torch.ones_like(coef)
+
+    def __call__(self, inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto", *,
+                 params: LossParams | None = None, check: bool = True) -> PolicyLossOutput:
+        """The loss of one micro-batch. ``params`` (built by :meth:`params`) saves rebuilding them per call;
+        ``check=False`` skips :func:`check_policy_input` (done once per learner batch in training)."""
+        if not isinstance(cfg, PolicyLossConfig):
+            raise TypeError(f"policy loss {self.name!r} expects a PolicyLossConfig, got {type(cfg).__name__}")
+        if check:
+            check_policy_input(inp)
+            self.check_rows(inp.is_own)
+        params = self.params(cfg, inp.update_index) if params is None else params
+        if params.token_level and inp.old_logp is None:
+            raise ValueError(
+                f"policy loss {self.name!r} with token-level ratios needs PolicyLossInput.old_logp [B, T] on the "
+                "learner's tokens; foreign rows only carry the source's sequence mean (use ratio_level='sequence')"
+            )
+        if params.kl_coef > 0 and inp.ref_logp is None:
+            raise ValueError(f"policy loss {self.name!r}: kl_coef = {params.kl_coef} > 0 needs "
+                             "PolicyLossInput.ref_logp")
+        device, dtype = inp.logp.device, inp.logp.dtype
+
+        def aligned(x: torch.Tensor | None) -> torch.Tensor | None:
+            return None if x is None else x.detach().to(device=device, dtype=dtype)
+
+        out = fused_policy_loss(
+            inp.logp, inp.mask.to(device) != 0, aligned(inp.advantages), aligned(inp.old_logp_mean),
+            inp.is_own.to(device), aligned(self.coefficients(cfg, inp.coef)), params,
+            old_logp=aligned(inp.old_logp) if params.token_level else None, ref_logp=aligned(inp.ref_logp),
+            totals=inp.totals, backend=backend,
+        )
+        names = list(out.metrics)
+        values = torch.cat([torch.stack([out.loss.detach(), out.objectives.mean()] + [out.metrics[k] for k in names]
+                                        ).to(torch.float64), out.stats.to(torch.float64)]).tolist()  # one sync
+        metrics = {"loss": values[0], "objective_mean": values[1]}
+        metrics.update(zip(names, values[2:2 + len(names)]))
+        counts = dict(zip(STATS, values[2 + len(names):]))
+        metrics["num_foreign_pos"] = counts["fpos_units"] if not params.token_level else 0.0
+        metrics["cross_lower_bound"] = cross_clip_lower_bound(params.delta, params.delta_step, params.update_index,
+                                                              params.stepwise)
+        weights = {name: counts[unit] for name, unit in METRIC_WEIGHTS.items()}
+        weights.update(objective_mean=counts["rows"], cross_lower_bound=counts["rows"])
+        return PolicyLossOutput(loss=out.loss, objectives=out.objectives, metrics=metrics, ratios=out.ratios,
+                                weights=weights)
+
+    def check_rows(self, is_own: torch.Tensor) -> None:
+        """A loss that trains on own rows only refuses foreign rows."""
+        if self.foreign == "reject":
+            num_foreign = int((~is_own.bool()).sum())
+            if num_foreign:
+                raise ValueError(
+                    f"policy loss {self.name!r} trains on the learner's own rollouts only, got {num_foreign} "
+                    "foreign rows (use 'hacpo' or 'naive' for shared rollouts)"
+                )
 
 
-@register_policy_loss("gspo")
-def gspo_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto") -> PolicyLossOutput:
-    """GSPO (own rows): sequence ratio s with min(s·A, clip(s, 1 − ε_low, 1 + ε_high)·A) (eqs. 25, 47–49)."""
-    return _policy_loss(inp, cfg, "gspo", backend, token_level=cfg.ratio_level == "token", foreign="reject")
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "grpo": PolicyLoss("grpo", token_level=True, foreign="reject", dual_clip=True),
+    "gspo": PolicyLoss("gspo", token_level=None, foreign="reject"),
+    "hacpo": PolicyLoss("hacpo", token_level=None, foreign="cross", capability_coef=True),
+    "naive": PolicyLoss("naive", token_level=None, foreign="self_clip"),
+}
+"""The registered losses (module docstring table). ``grpo`` is always token-level; use
+``PolicyLossConfig.for_algorithm("grpo")`` for its clip-higher range ε_low = 0.2, ε_high = 0.28."""
 
 
-@register_policy_loss("hacpo")
-def hacpo_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto") -> PolicyLossOutput:
-    """HACPO: own rows as GSPO; foreign rows c·sg(c)^α·ω^(j,k)·A, c = clamp(s, lo_m, 1), no min() (eq. 53).
-
-    Switches: ``cross_clip`` (c = s when off), ``cross_clip_high`` (upper end of the window, 1 by default),
-    ``stepwise`` (lo fixed at 1 − δ when off), ``capability_coef``
-    (ω^(j,k) = 1 when off), ``alpha`` (0 disables the exponential weight).
-    """
-    return _policy_loss(inp, cfg, "hacpo", backend, token_level=cfg.ratio_level == "token", foreign="cross")
-
-
-@register_policy_loss("naive")
-def naive_loss(inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto") -> PolicyLossOutput:
-    """Naive sharing: every row, own or foreign, uses the self-type GSPO objective; ``coef`` is ignored."""
-    return _policy_loss(inp, cfg, "naive", backend, token_level=cfg.ratio_level == "token", foreign="self_clip")
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The policy loss called ``name``."""
+    try:
+        return POLICY_LOSSES[name]
+    except KeyError:
+        raise KeyError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}") from None

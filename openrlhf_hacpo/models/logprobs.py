@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from hacpo_kernels import fused_linear_logprobs, logprobs_from_logits
-from openrlhf_hacpo.utils.padding import pack_rows
+from openrlhf_hacpo.utils.padding import length_grouped, pack_rows
 
 __all__ = ["LOGPROB_PATHS", "ResponseLogprobs", "fused_head_unsupported", "response_logprobs", "score_logprobs"]
 
@@ -132,21 +132,28 @@ def response_logprobs(model: Any, padded: dict[str, torch.Tensor], temperature: 
 @torch.no_grad()
 def score_logprobs(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
                    pad_id: int, temperature: float, micro_batch_size: int, device: Any, *, path: str = "fused",
-                   backend: str = "auto") -> list[torch.Tensor]:
+                   backend: str = "auto", group_by_length: bool = False) -> list[torch.Tensor]:
     """Per-token log-probs of each response given its prompt, in micro-batches of rows without gradient: one
     float32 CPU tensor per row, aligned with ``response_ids`` (rows packed by
-    :func:`openrlhf_hacpo.utils.padding.pack_rows`, as the update packs them)."""
+    :func:`openrlhf_hacpo.utils.padding.pack_rows`, as the update packs them). ``group_by_length`` packs rows of
+    similar length together (:func:`openrlhf_hacpo.utils.padding.length_grouped`), so little padding is computed;
+    the rows come back in their given order either way."""
     if len(prompt_ids) != len(response_ids):
         raise ValueError(f"{len(prompt_ids)} prompts for {len(response_ids)} responses")
     for i, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
         if not len(prompt) or not len(response):
             raise ValueError(f"row {i} has an empty prompt or response")
-    out: list[torch.Tensor] = []
-    for start in range(0, len(prompt_ids), micro_batch_size):
-        prompts = prompt_ids[start:start + micro_batch_size]
-        responses = response_ids[start:start + micro_batch_size]
-        packed = {k: v.to(device) for k, v in pack_rows(prompts, responses, pad_id).items()}
+    if group_by_length:
+        groups = length_grouped([len(p) for p in prompt_ids], [len(r) for r in response_ids], micro_batch_size)
+    else:
+        groups = [list(range(s, min(s + micro_batch_size, len(prompt_ids))))
+                  for s in range(0, len(prompt_ids), micro_batch_size)]
+    out: list[torch.Tensor | None] = [None] * len(prompt_ids)
+    for group in groups:
+        responses = [response_ids[i] for i in group]
+        packed = pack_rows([prompt_ids[i] for i in group], responses, pad_id).to(device)
         logp = response_logprobs(model, packed, temperature, path=path, backend=backend).logp.float().cpu()
-        out.extend(logp[i, : len(response)].clone() for i, response in enumerate(responses))  # own storage each
+        for j, i in enumerate(group):
+            out[i] = logp[j, : len(responses[j])].clone()  # own storage each
     return out
 

@@ -27,20 +27,21 @@ prompt ids it generated from.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from openrlhf_hacpo.rollout.trajectory import EOS_POLICIES, Prompt, Trajectory
-from openrlhf_hacpo.utils.padding import pack_rows, pad_values
+from openrlhf_hacpo.algorithms.losses import PolicyLossInput
+from openrlhf_hacpo.utils.padding import PackedRows, length_grouped, pack_rows, pad_values
 from openrlhf_hacpo.utils.partition import split_evenly
 
 __all__ = [
     "LearnerBatch",
     "LearnerRow",
     "LearnerViewConfig",
+    "MicroBatch",
     "MINIBATCH_ORDERS",
     "build_learner_batch",
-    "build_learner_rows",
     "encode_prompt_text",
     "encode_response",
     "render_prompt_ids",
@@ -231,8 +232,6 @@ def build_learner_batch(
     return LearnerBatch(learner=learner, rows=rows)
 
 
-build_learner_rows = build_learner_batch
-
 
 # ------------------------------------------------------------------------------------------------------ batch
 def _balanced_chunks(items: list[int], num: int) -> list[list[int]]:
@@ -242,38 +241,42 @@ def _balanced_chunks(items: list[int], num: int) -> list[list[int]]:
 
 @dataclass
 class LearnerBatch:
-    """A learner's rows plus per-row tensor columns (e.g. ``advantages``, ``coef``, ``row_index``) set by the trainer.
+    """A learner's rows plus, once the trainer attaches them (:meth:`attach`), three per-row tensors.
+
+    * ``advantages`` [N] float64: A of each row (eqs. 6–8);
+    * ``coef`` [N] float64: ω^(j,k) of each row's source (eq. 10; 1 on own rows);
+    * ``row_index`` [N] long: the row's position in the learner's full batch (keys its reference log-probs).
 
     Rows are shared, not copied, between a batch and the batches made from it by :meth:`select`,
-    :meth:`split_minibatches` and :meth:`micro_batches`; columns are sliced with the rows.
+    :meth:`split_minibatches` and :meth:`micro_batches`; the tensors are sliced with the rows.
     """
 
     learner: int
     rows: list[LearnerRow]
-    columns: dict[str, Any] = field(default_factory=dict)
+    advantages: Any = None
+    coef: Any = None
+    row_index: Any = None
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    # -------------------------------------------------------------------------------------------- columns
-    def set_column(self, name: str, values: Sequence[float] | Any) -> None:
-        """Attach one value per row: a 1-D tensor of length ``len(self)`` (kept in its dtype, e.g. long row indices
-        or float64 advantages) or a sequence of floats (stored as float32)."""
+    # -------------------------------------------------------------------------------------------- row tensors
+    def attach(self, advantages: Any, coef: Any) -> None:
+        """Attach the advantages and coefficients (1-D tensors, one value per row) and number the rows."""
         import torch
 
-        column = values.detach().cpu() if isinstance(values, torch.Tensor) else torch.tensor(
-            [float(v) for v in values], dtype=torch.float32)
-        if column.dim() != 1 or len(column) != len(self.rows):
-            raise ValueError(f"column {name!r} has {column.numel()} values for {len(self.rows)} rows")
-        self.columns[name] = column
+        for name, values in (("advantages", advantages), ("coef", coef)):
+            if not isinstance(values, torch.Tensor) or values.dim() != 1 or len(values) != len(self.rows):
+                got = list(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+                raise ValueError(f"LearnerBatch.attach: {name} must be a 1-D tensor of {len(self.rows)} values, "
+                                 f"got {got}")
+        self.advantages = advantages.detach().cpu().to(torch.float64)
+        self.coef = coef.detach().cpu().to(torch.float64)
+        self.row_index = torch.arange(len(self.rows))
 
-    def column(self, name: str):
-        """Column ``name`` as a float32 tensor."""
-        import torch
-
-        if name not in self.columns:
-            raise KeyError(f"LearnerBatch has no column {name!r} (columns: {sorted(self.columns)})")
-        return self.columns[name].to(torch.float32)
+    def _require_attached(self) -> None:
+        if self.advantages is None:
+            raise ValueError("LearnerBatch: advantages and coefficients are not attached (call attach first)")
 
     # -------------------------------------------------------------------------------------------- statistics
     @property
@@ -313,11 +316,12 @@ class LearnerBatch:
 
         idx = list(indices)
         index = torch.tensor(idx, dtype=torch.long)
-        return LearnerBatch(
-            learner=self.learner,
-            rows=[self.rows[i] for i in idx],
-            columns={k: v[index] for k, v in self.columns.items()},
-        )
+
+        def take(x):
+            return None if x is None else x[index]
+
+        return LearnerBatch(learner=self.learner, rows=[self.rows[i] for i in idx], advantages=take(self.advantages),
+                            coef=take(self.coef), row_index=take(self.row_index))
 
     def split_minibatches(
         self, num: int, order: str = "own_first", seed: int = 0, dp_chunks: int = 1
@@ -372,40 +376,77 @@ class LearnerBatch:
             )
         return [self.select(p) for p in parts]
 
-    def micro_batches(self, size: int) -> list["LearnerBatch"]:
-        """Consecutive chunks of at most ``size`` rows (gradient accumulation within one mini-batch)."""
+    def micro_batches(self, size: int, *, group_by_length: bool = False,
+                      max_tokens: int | None = None) -> list["LearnerBatch"]:
+        """Chunks of at most ``size`` rows (gradient accumulation within one mini-batch): consecutive rows, or, with
+        ``group_by_length``, rows of similar length (:func:`openrlhf_hacpo.utils.padding.length_grouped`, also
+        bounded by ``max_tokens`` packed positions), so packing them computes little padding."""
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"micro_batches: size must be a positive int, got {size!r}")
+        if group_by_length or max_tokens is not None:
+            groups = length_grouped([len(r.prompt_ids) for r in self.rows], [len(r.response_ids) for r in self.rows],
+                                    size, max_tokens)
+            return [self.select(g) for g in groups]
         return [self.select(range(i, min(i + size, len(self.rows)))) for i in range(0, len(self.rows), size)]
 
     # -------------------------------------------------------------------------------------------- tensors
-    def to_padded(self, pad_id: int, device: Any = None) -> dict[str, Any]:
-        """Pack the rows for one causal-LM forward (:func:`openrlhf_hacpo.utils.padding.pack_rows`: left-padded
-        prompts in columns ``[0, P)``, right-padded responses in ``[P, P + R)``, ``input_ids``, ``attention_mask``,
-        ``position_ids``, ``response_ids``, ``response_mask``) plus:
-
-        * ``old_logp`` [B, R] float32: own rows' per-token old log-probs (0 on foreign rows and padding);
-          ``has_old_logp`` [B] bool;
-        * per row: ``old_logp_mean`` float32, ``reward`` float32, ``is_own`` bool, ``source`` long,
-          ``prompt_index`` long (advantage group), and every column (float columns as float32, integer columns
-          as they are).
-        """
+    def packed(self, pad_id: int, device: Any = None) -> "MicroBatch":
+        """The rows as one :class:`MicroBatch` for a forward and the loss (on ``device``)."""
         import torch
 
         if not self.rows:
-            raise ValueError("to_padded: the batch is empty")
-        out = pack_rows([r.prompt_ids for r in self.rows], [r.response_ids for r in self.rows], pad_id)
-        out["old_logp"] = pad_values([r.old_logp for r in self.rows], out["response_ids"].shape[1])
-        out["has_old_logp"] = torch.tensor([r.old_logp is not None for r in self.rows], dtype=torch.bool)
-        out["old_logp_mean"] = torch.tensor([r.old_logp_mean for r in self.rows], dtype=torch.float32)
-        out["reward"] = torch.tensor([r.reward for r in self.rows], dtype=torch.float32)
-        out["is_own"] = torch.tensor([r.is_own for r in self.rows], dtype=torch.bool)
-        out["source"] = torch.tensor([r.source for r in self.rows], dtype=torch.long)
-        out["prompt_index"] = torch.tensor(self.prompt_index(), dtype=torch.long)
-        for name, values in self.columns.items():
-            if name in out:
-                raise ValueError(f"column {name!r} clashes with a built-in tensor of to_padded")
-            out[name] = values.to(torch.float32) if values.is_floating_point() else values.clone()
-        if device is not None:
-            out = {k: v.to(device) for k, v in out.items()}
-        return out
+            raise ValueError("LearnerBatch.packed: the batch is empty")
+        self._require_attached()
+        packed = pack_rows([r.prompt_ids for r in self.rows], [r.response_ids for r in self.rows], pad_id)
+        width = packed.response_ids.shape[1]
+        micro = MicroBatch(
+            packed=packed,
+            advantages=self.advantages.to(torch.float32),
+            coef=self.coef.to(torch.float32),
+            old_logp_mean=torch.tensor([r.old_logp_mean for r in self.rows], dtype=torch.float32),
+            old_logp=pad_values([r.old_logp for r in self.rows], width),
+            is_own=torch.tensor([r.is_own for r in self.rows], dtype=torch.bool),
+            row_index=self.row_index.clone(),
+        )
+        return micro if device is None else micro.to(device)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One packed micro-batch of a learner's rows: the model inputs and the loss's per-row columns.
+
+    * ``packed``: :class:`~openrlhf_hacpo.utils.padding.PackedRows`, the model inputs, ``[B, P+R]``;
+    * ``advantages`` [B], ``coef`` [B], ``old_logp_mean`` [B] float32; ``is_own`` [B] bool; ``row_index`` [B] long;
+    * ``old_logp`` [B, R] float32: own rows' per-token old log-probs on the learner's tokens, 0 on foreign rows and
+      padding.
+    """
+
+    packed: PackedRows
+    advantages: Any
+    coef: Any
+    old_logp_mean: Any
+    old_logp: Any
+    is_own: Any
+    row_index: Any
+
+    def __len__(self) -> int:
+        return int(self.is_own.shape[0])
+
+    @property
+    def response_mask(self):
+        """[B, R] float32, 1 on the response tokens the loss counts."""
+        return self.packed.response_mask
+
+    def to(self, device: Any) -> "MicroBatch":
+        return MicroBatch(packed=self.packed.to(device), advantages=self.advantages.to(device),
+                          coef=self.coef.to(device), old_logp_mean=self.old_logp_mean.to(device),
+                          old_logp=self.old_logp.to(device), is_own=self.is_own.to(device),
+                          row_index=self.row_index.to(device))
+
+    def loss_input(self, logp: Any, update_index: int, totals: Any = None, *, ref_logp: Any = None,
+                   token_level: bool = False) -> PolicyLossInput:
+        """The :class:`~openrlhf_hacpo.algorithms.PolicyLossInput` of these rows for log-probs ``logp`` [B, R]."""
+        return PolicyLossInput(logp=logp, mask=self.response_mask, advantages=self.advantages,
+                               old_logp_mean=self.old_logp_mean, is_own=self.is_own, coef=self.coef,
+                               update_index=update_index, old_logp=self.old_logp if token_level else None,
+                               ref_logp=ref_logp, totals=totals)

@@ -1,15 +1,15 @@
-"""The driver's step loop: N agents sample, share and learn (spec §4, paper Algorithm 1).
+"""The driver's step loop: N agents sample, share and learn (paper Algorithm 1).
 
 One step t:
 
 1. **rollout**: every agent samples G responses for the same prompt batch, concurrently; each agent's policy
-   recomputes the old log-probs of its own responses at the rollout temperature (spec §3.c);
-2. **reward**: every response is verified once, from its source's text (spec §3.c), and stored in the shared
+   recomputes the old log-probs of its own responses at the rollout temperature (docs/algorithm.md §5);
+2. **reward**: every response is verified once, from its source's text (docs/algorithm.md §5), and stored in the shared
    :class:`~openrlhf_hacpo.rollout.RolloutStore`;
 3. **capability**: the tracker appends each agent's P_τ and gives P̂ and the clipped ratio matrix (eqs. 8–9);
 4. **update**: every learner, concurrently, trains on its view of the step's trajectories (own and, for
    ``hacpo`` / ``naive``, foreign) with mini-batch updates m = 0, 1, ...; all learners use the same pre-step
-   snapshots, so their order cannot matter (spec §7.18);
+   snapshots, so their order cannot matter;
 5. **sync**: updated weights go to the agent's vLLM engines (``vllm`` backend);
 6. **bookkeeping**: one metrics record per agent, periodic evaluation, joint checkpoints.
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -30,7 +29,7 @@ import torch
 
 from openrlhf_hacpo.actors.agent_group import AgentGroup, AgentPhaseTimeout, AgentWorkerDied, Pending
 from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult
-from openrlhf_hacpo.algorithms import CapabilityTracker, step_capability
+from openrlhf_hacpo.algorithms import CapabilityTracker
 from openrlhf_hacpo.engines.base import SamplingConfig
 from openrlhf_hacpo.utils.seeding import derive_seed
 from openrlhf_hacpo.rollout import RewardFunctionError, RewardRunner, RolloutStore
@@ -44,9 +43,11 @@ from openrlhf_hacpo.trainer.preflight import resolve_attention, resolve_hub_mode
 from openrlhf_hacpo.trainer.reward_watch import RewardStallWatcher
 from openrlhf_hacpo.trainer.run_folder import RunLock, check_run_folder, run_outputs
 from openrlhf_hacpo.trainer.run_inputs import check_run_inputs
+from openrlhf_hacpo.trainer.step_metrics import agent_step_record
 from openrlhf_hacpo.utils.errors import CheckpointError, RunFolderError
 from openrlhf_hacpo.utils.logging_setup import attach_run_log
 from openrlhf_hacpo.utils.shutdown import keep_signal_handlers
+from openrlhf_hacpo.utils.timing import PhaseTimer
 
 __all__ = ["HACPOController", "TrainingError", "wait_all"]
 
@@ -250,86 +251,53 @@ class HACPOController:
     def train_one_step(self) -> list[dict[str, Any]]:
         """Run one full step (rollout, reward, capability, update, sync); returns one record per agent."""
         cfg, step = self.cfg, self.step + 1
-        t_step = time.perf_counter()
-        prompts = self.dataloader.next_batch()
+        timer = PhaseTimer()
+        with timer.phase("step"):
+            prompts = self.dataloader.next_batch()
 
-        # 1) rollouts of every agent on the same prompts, concurrently
-        t0 = time.perf_counter()
-        rollouts: list[RolloutResult] = wait_all([g.rollout(prompts, self.sampling_for(step, g.name), step)
-                                                  for g in self.groups])
-        rollout_s = time.perf_counter() - t0
-        trajectories = [t for r in rollouts for t in r.trajectories]
+            # 1) rollouts of every agent on the same prompts, concurrently
+            with timer.phase("rollout_phase"):
+                rollouts: list[RolloutResult] = wait_all([g.rollout(prompts, self.sampling_for(step, g.name), step)
+                                                          for g in self.groups])
+            trajectories = [t for r in rollouts for t in r.trajectories]
 
-        # 2) one verification per trajectory
-        t0 = time.perf_counter()
-        try:
-            self.reward_runner.score_trajectories(trajectories)
-        except RewardFunctionError as err:
-            raise RewardFunctionError(f"step {step}: {err}") from err
-        reward_s = time.perf_counter() - t0
-        self.reward_watch.update(step, [[t.reward for t in trajectories if t.source == k]
-                                        for k in range(cfg.num_agents)])
-        self.store.add(trajectories)
-        if cfg.save_rollouts:
-            self.store.dump_jsonl(step, Path(cfg.save_path) / "rollouts" / f"step_{step:06d}.jsonl")
+            # 2) one verification per trajectory
+            with timer.phase("reward"):
+                try:
+                    self.reward_runner.score_trajectories(trajectories)
+                except RewardFunctionError as err:
+                    raise RewardFunctionError(f"step {step}: {err}") from err
+            self.reward_watch.update(step, [[t.reward for t in trajectories if t.source == k]
+                                            for k in range(cfg.num_agents)])
+            self.store.add(trajectories)
+            if cfg.save_rollouts:
+                self.store.dump_jsonl(step, Path(cfg.save_path) / "rollouts" / f"step_{step:06d}.jsonl")
 
-        # 3) capability P̂ (window includes this step) and the clipped ratio matrix
-        per_agent = self.store.rewards_by_source(step, cfg.num_agents)
-        per_agent = [torch.tensor(rs, dtype=torch.float64) for rs in per_agent]
-        this_step = [step_capability(rs, cfg.algo.capability.metric) for rs in per_agent]
-        capabilities = self.tracker.update(per_agent)
-        ratio = self.tracker.ratio_matrix()
+            # 3) capability: this step's P_τ, P̂ over the window (this step included) and the clipped ratios
+            with timer.phase("capability"):
+                per_agent = [torch.tensor(rs, dtype=torch.float64)
+                             for rs in self.store.rewards_by_source(step, cfg.num_agents)]
+                capability = self.tracker.update(per_agent)
+                ratios = self.tracker.ratios()
 
-        # 4) every learner from the same pre-step snapshots, concurrently
-        t0 = time.perf_counter()
-        shared: Any = trajectories
-        if cfg.use_ray:
-            import ray
+            # 4) every learner from the same pre-step snapshots, concurrently
+            with timer.phase("train_phase"):
+                shared: Any = trajectories
+                if cfg.use_ray:
+                    import ray
 
-            shared = ray.put(trajectories)  # one copy in the object store for every learner
-        trained: list[TrainStepResult] = wait_all([g.train_step(shared, step, ratio) for g in self.groups])
-        train_s = time.perf_counter() - t0
+                    shared = ray.put(trajectories)  # one copy in the object store for every learner
+                trained: list[TrainStepResult] = wait_all([g.train_step(shared, step, ratios) for g in self.groups])
 
-        # 5) weight sync to the rollout engines
-        sync_s = [g.sync_weights() for g in self.groups]
+            # 5) weight sync to the rollout engines
+            sync_s = [g.sync_weights() for g in self.groups]
         self.step = step
-        step_s = time.perf_counter() - t_step
 
         summary = self.store.summary(step)
-        records = []
-        for k, (group, rollout, result) in enumerate(zip(self.groups, rollouts, trained)):
-            own = [t for t in trajectories if t.source == k]
-            stats = summary[k]
-            rec: dict[str, Any] = {
-                "step": step,
-                "agent": group.name,
-                "reward/mean": stats["reward_mean"],
-                "reward/std": stats["reward_std"],
-                "reward/positive_rate": stats["positive_rate"],
-                "capability": float(capabilities[k]),
-                "capability/step": this_step[k],
-                "response/tokens_mean": stats["response_tokens_mean"],
-                "response/chars_mean": stats["response_chars_mean"],
-                "response/finished_rate": stats["finished_rate"],
-                "response/truncated_fraction": float(np.mean([t.finish_reason == "length" for t in own])),
-                "rollout/tokens_per_s": rollout.generated_tokens / max(rollout.generate_s, 1e-9),
-                "time/generate": rollout.generate_s,
-                "time/reward": reward_s,
-                "time/logprob": rollout.logprob_s + result.timings.logprob_s,
-                "time/update": result.timings.update_s,
-                "time/sync": sync_s[k],
-                "time/rollout_phase": rollout_s,
-                "time/train_phase": train_s,
-                "time/step": step_s,
-                "updates": result.updates,
-                "skipped_updates": result.skipped_updates_total,
-                "skipped_updates/step": result.skipped_updates,
-            }
-            for j in range(cfg.num_agents):
-                if j != k:
-                    rec[f"omega/{self.groups[j].name}"] = float(ratio[k, j])
-            rec.update(result.metrics)
-            records.append(rec)
+        names = [g.name for g in self.groups]
+        records = [agent_step_record(step, k, names, summary[k], [t for t in trajectories if t.source == k],
+                                     capability, ratios, rollout, result, timer.seconds, sync_s[k])
+                   for k, (rollout, result) in enumerate(zip(rollouts, trained))]
         self.history.append(records)
         return records
 

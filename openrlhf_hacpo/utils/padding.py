@@ -1,4 +1,5 @@
-"""The one packing of (prompt, response) token rows for a causal-LM forward, and per-token values padded alike.
+"""The one packing of (prompt, response) token rows for a causal-LM forward, per-token values padded alike, and
+micro-batches of rows of similar length.
 
 Scoring (old log-probs), the reference pass and the policy update all pack rows with :func:`pack_rows`, so a row's
 log-probs line up with the same columns everywhere; :func:`pad_values` pads per-token values (old or reference
@@ -6,23 +7,53 @@ log-probs) to the response columns of such a pack.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 import torch
 
-__all__ = ["pack_rows", "pad_values"]
+__all__ = ["PackedRows", "pack_rows", "pad_values", "length_grouped"]
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """B rows packed for one causal-LM forward (P = longest prompt, R = longest response).
+
+    * ``input_ids`` [B, P+R] long: prompts left-padded into ``[0, P)``, responses right-padded into ``[P, P+R)``;
+    * ``attention_mask`` [B, P+R] long; ``position_ids`` [B, P+R] (real tokens before each position);
+    * ``response_ids`` [B, R] = ``input_ids[:, P:]`` (the labels); ``response_mask`` [B, R] float32, 1 on real
+      response tokens.
+
+    The logits that predict the responses are ``logits[:, P-1 : P+R-1]``. Fields are read as attributes or, by the
+    model code, by name (``packed["input_ids"]``).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return getattr(self, name)
+
+    def to(self, device: Any) -> "PackedRows":
+        return PackedRows(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def padding_fraction(self) -> float:
+        """Share of the computed positions ``B·(P+R)`` that are padding."""
+        return 1.0 - float(self.attention_mask.sum()) / max(self.attention_mask.numel(), 1)
 
 
 def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]], pad_id: int,
-              ) -> dict[str, torch.Tensor]:
-    """Pack B rows (P = longest prompt, R = longest response): prompts **left**-padded into columns ``[0, P)``,
-    responses **right**-padded into ``[P, P + R)``, so every response starts at column P.
-
-    Returns ``input_ids`` [B, P+R] (pads = ``pad_id``), ``attention_mask`` [B, P+R] (long), ``position_ids``
-    [B, P+R] (count of real tokens before each position: left padding shifts positions), ``response_ids`` [B, R]
-    = ``input_ids[:, P:]`` (the labels) and ``response_mask`` [B, R] float32, 1 on real response tokens. The logits
-    that predict the responses are ``logits[:, P-1 : P+R-1]``.
-    """
+              ) -> PackedRows:
+    """Pack B rows into a :class:`PackedRows` (prompts **left**-padded, responses **right**-padded, so every
+    response starts at column P)."""
     if len(prompt_ids) != len(response_ids):
         raise ValueError(f"{len(prompt_ids)} prompts for {len(response_ids)} responses")
     if not prompt_ids:
@@ -37,13 +68,46 @@ def pack_rows(prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequen
         input_ids[i, p - lp : p] = torch.as_tensor(prompt, dtype=torch.long)
         input_ids[i, p : p + lr] = torch.as_tensor(response, dtype=torch.long)
         attention_mask[i, p - lp : p + lr] = 1
-    return {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
-        "response_ids": input_ids[:, p:].clone(),
-        "response_mask": attention_mask[:, p:].to(torch.float32),
-    }
+    return PackedRows(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=(attention_mask.cumsum(dim=1) - 1).clamp(min=0),
+        response_ids=input_ids[:, p:].clone(),
+        response_mask=attention_mask[:, p:].to(torch.float32),
+    )
+
+
+def length_grouped(prompt_lengths: Sequence[int], response_lengths: Sequence[int], max_rows: int,
+                   max_tokens: int | None = None) -> list[list[int]]:
+    """Row indices in groups (micro-batches) of rows of similar length, so packing them pads little.
+
+    Rows are ordered by (response length, prompt length) and cut into consecutive groups of at most ``max_rows``
+    rows and, with ``max_tokens``, at most ``max_tokens`` packed positions (rows × (longest prompt + longest
+    response) of the group; a single longer row still forms its own group). Each group lists its rows in their
+    original order. The number of groups is ``ceil(B / max_rows)`` without a token budget.
+    """
+    if len(prompt_lengths) != len(response_lengths):
+        raise ValueError(f"{len(prompt_lengths)} prompt lengths for {len(response_lengths)} response lengths")
+    if not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"length_grouped: max_rows must be a positive int, got {max_rows!r}")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        raise ValueError(f"length_grouped: max_tokens must be a positive int or None, got {max_tokens!r}")
+    order = sorted(range(len(prompt_lengths)), key=lambda i: (response_lengths[i], prompt_lengths[i], i))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest_p = longest_r = 0
+    for i in order:
+        p, r = max(longest_p, prompt_lengths[i]), max(longest_r, response_lengths[i])
+        full = len(current) >= max_rows or (max_tokens is not None and current and (len(current) + 1) * (p + r)
+                                            > max_tokens)
+        if full:
+            groups.append(sorted(current))
+            current, p, r = [], prompt_lengths[i], response_lengths[i]
+        current.append(i)
+        longest_p, longest_r = p, r
+    if current:
+        groups.append(sorted(current))
+    return groups
 
 
 def pad_values(rows: Sequence[Any], width: int, dtype: Any = torch.float32) -> torch.Tensor:

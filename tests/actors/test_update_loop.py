@@ -13,50 +13,15 @@ import torch
 
 from openrlhf_hacpo.actors.deepspeed_setup import SkippableAdamW
 from openrlhf_hacpo.actors.update_loop import UpdateLoop
+from openrlhf_hacpo.algorithms import LossTotals
 from openrlhf_hacpo.cli.train_hacpo import build_config
 from openrlhf_hacpo.rollout import LearnerBatch, LearnerRow
 from openrlhf_hacpo.utils.weighted import WeightedMeans
+from plain_engine import PlainEngine, Tok
 
 PROMPTS = [[1, 5, 7], [2, 9]]
 RESPONSES = [[4, 11, 3, 6], [8, 2]]
 ADVANTAGE = 0.75
-
-
-class PlainEngine:
-    """The part of DeepSpeed's engine the update loop uses, over a plain module: gradients accumulate over
-    ``gas`` micro-batches, then ``step`` applies the optimizer and clears them."""
-
-    def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, gas: int) -> None:
-        self.module, self.optimizer, self.gas, self.micro_steps = module, optimizer, gas, 0
-
-    def __call__(self, **inputs):
-        return self.module(**inputs)
-
-    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool = True) -> None:
-        loss.backward()
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        return (self.micro_steps + 1) % self.gas == 0
-
-    def step(self) -> None:
-        if self.is_gradient_accumulation_boundary():
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-        self.micro_steps += 1
-
-    def get_global_grad_norm(self):
-        return None
-
-    def train(self):
-        self.module.train()
-
-    def eval(self):
-        self.module.eval()
-
-
-class Tok:
-    pad_token_id = 0
-    eos_token_id = 3
 
 
 @pytest.fixture
@@ -103,13 +68,11 @@ def batch(old_means: list[float]) -> LearnerBatch:
     rows = [LearnerRow(prompt_id=f"p{i}", prompt_ids=p, response_ids=r, is_own=True, source=0, reward=1.0,
                        old_logp_mean=m, old_logp=None) for i, (p, r, m) in enumerate(zip(PROMPTS, RESPONSES, old_means))]
     out = LearnerBatch(learner=0, rows=rows)
-    out.set_column("advantages", [ADVANTAGE] * len(rows))
-    out.set_column("coef", [1.0] * len(rows))
-    out.set_column("row_index", torch.arange(len(rows)))
+    out.attach(torch.full((len(rows),), ADVANTAGE, dtype=torch.float64), torch.ones(len(rows), dtype=torch.float64))
     return out
 
 
-TOTALS = dict(num_seqs=2, num_tokens=6, num_own_seqs=2, num_own_tokens=6)
+TOTALS = LossTotals(num_seqs=2, num_tokens=6, num_own_seqs=2, num_own_tokens=6)
 
 
 def test_micro_loss_at_ratio_one_is_minus_the_advantage_and_reports_the_entropy(loop):
@@ -118,7 +81,7 @@ def test_micro_loss_at_ratio_one_is_minus_the_advantage_and_reports_the_entropy(
     H(softmax(z / T))."""
     assert loop.cfg.algo.loss.kl_coef > 0  # the reference log-probs reach the loss
     means, ref, entropy = reference(loop.engine.module, loop.cfg.temperature)
-    loss, out = loop.micro_loss(batch(means), 0, TOTALS, ref)
+    loss, out = loop.micro_loss(batch(means).packed(0), 0, TOTALS, ref)
     assert out is not None
     assert float(loss.detach()) == pytest.approx(-ADVANTAGE, abs=1e-5)
     assert out.metrics["entropy"] == pytest.approx(entropy, rel=1e-5)
@@ -128,7 +91,7 @@ def test_a_nan_loss_gives_a_zero_surrogate_with_zero_gradient(loop):
     loss_fn = loop.loss_fn
     loop.loss_fn = lambda inp, cfg, **kw: dataclasses.replace(loss_fn(inp, cfg, **kw), loss=torch.tensor(float("nan")))
     _, ref, _ = reference(loop.engine.module, loop.cfg.temperature)
-    loss, out = loop.micro_loss(batch([-2.0, -2.0]), 0, TOTALS, ref)
+    loss, out = loop.micro_loss(batch([-2.0, -2.0]).packed(0), 0, TOTALS, ref)
     assert out is None and float(loss.detach()) == 0.0
     loss.backward()
     grads = [p.grad for p in loop.engine.module.parameters() if p.grad is not None]
@@ -166,4 +129,4 @@ def test_a_finite_update_moves_the_parameters_and_logs_the_summed_loss(loop):
     assert moved > 0.0 and loop.updates_done == 1 and loop.skipped_updates == 0
     total, weight = state["loss"]
     assert total / weight == pytest.approx(-ADVANTAGE, abs=1e-5)
-    assert state["policy/entropy"][1] == 2.0  # two own rows, one per micro-batch
+    assert state["policy/entropy"][1] == 6.0  # the entropy is averaged over the 6 response tokens

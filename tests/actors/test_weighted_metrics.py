@@ -31,15 +31,29 @@ def test_non_finite_values_and_empty_weights_are_left_out():
     assert merge_weighted([stats.state()]) == {"x": 3.0}
 
 
-def test_loss_metrics_are_weighted_by_the_rows_they_average_over():
-    """Micro-batch 1: 3 own, 1 foreign (1 positive); micro-batch 2: 1 own, 3 foreign (2 positive).
-    own_clip = (0.2·3 + 0.6·1) / 4 = 0.3; foreign_x = (1·1 + 3·3) / 4 = 2.5; foreign_pos_y = (4·1 + 1·2) / 3 = 2;
-    kl = (1·4 + 2·4) / 8 = 1.5; the counts and the loss are not metrics."""
+def test_loss_metrics_merged_over_micro_batches_equal_the_whole_batchs():
+    """Rows split 3 + 5 into two loss calls: every recorded metric, merged with the weights the loss declares, equals
+    the metric of one call over all 8 rows (clip fractions, ratio means, window fractions, objective mean); counts,
+    the loss and its two terms are not recorded."""
+    import torch
+
+    from openrlhf_hacpo.algorithms import PolicyLossConfig, PolicyLossInput, get_policy_loss
+
+    log_s = torch.tensor([-0.3, 0.0, 0.2, -0.1, -0.25, 0.05, -0.5, 0.0004], dtype=torch.float64)
+    fields = dict(logp=log_s[:, None].repeat(1, 2), mask=torch.ones(8, 2), old_logp_mean=torch.zeros(8,
+                  dtype=torch.float64), advantages=torch.tensor([1.0, -1.0, 2.0, 1.0, 0.5, -2.0, 1.0, 1.0],
+                  dtype=torch.float64), is_own=torch.tensor([True, False, True, False, False, True, False, True]),
+                  coef=torch.full((8,), 0.5, dtype=torch.float64))
+    cfg = PolicyLossConfig(kl_coef=0.0)
+    loss = get_policy_loss("hacpo")
+    whole = loss(PolicyLossInput(**fields), cfg)
     stats = WeightedMeans()
-    record_loss_metrics({"num_own": 3.0, "num_foreign": 1.0, "num_foreign_pos": 1.0, "loss": 9.0, "own_clip": 0.2,
-                         "foreign_x": 1.0, "foreign_pos_y": 4.0, "kl": 1.0}, stats)
-    record_loss_metrics({"num_own": 1.0, "num_foreign": 3.0, "num_foreign_pos": 2.0, "loss": 9.0, "own_clip": 0.6,
-                         "foreign_x": 3.0, "foreign_pos_y": 1.0, "kl": 2.0}, stats)
+    for part in (slice(0, 3), slice(3, 8)):
+        record_loss_metrics(loss(PolicyLossInput(**{k: v[part] for k, v in fields.items()}), cfg), stats)
     merged = merge_weighted([stats.state()])
-    assert merged == {"policy/own_clip": pytest.approx(0.3), "policy/foreign_x": pytest.approx(2.5),
-                      "policy/foreign_pos_y": pytest.approx(2.0), "policy/kl": pytest.approx(1.5)}
+    assert {k.removeprefix("policy/") for k in merged} == set(whole.weights)
+    for key, value in merged.items():
+        assert value == pytest.approx(whole.metrics[key.removeprefix("policy/")], abs=1e-12), key
+    assert not {"policy/loss", "policy/num_own", "policy/pg_loss", "policy/kl"} & set(merged)
+    # by hand: foreign rows s = 1.0, 0.905, 0.779, 0.607 -> inside [0.8, 1]: 1.0 and 0.905, so half of them
+    assert merged["policy/foreign_in_window_frac"] == pytest.approx(0.5)

@@ -22,26 +22,34 @@ def test_step_capability_metrics():
 
 def test_window_includes_current_step_and_drops_old_steps():
     tracker = CapabilityTracker(2, CapabilityConfig(window=3))
-    caps = tracker.update([rewards_with_rate(0.1), rewards_with_rate(0.9)])
+    caps = tracker.update([rewards_with_rate(0.1), rewards_with_rate(0.9)]).smoothed
     # the window includes the current step: after one update P̂ is that step's value
     assert caps.tolist() == pytest.approx([0.1, 0.9])
     for rate_a, rate_b in [(0.2, 0.8), (0.3, 0.7), (0.4, 0.6)]:
-        caps = tracker.update([rewards_with_rate(rate_a), rewards_with_rate(rate_b)])
+        caps = tracker.update([rewards_with_rate(rate_a), rewards_with_rate(rate_b)]).smoothed
     # K = 3: the first step (0.1 / 0.9) has left the window
     assert caps.tolist() == pytest.approx([(0.2 + 0.3 + 0.4) / 3, (0.8 + 0.7 + 0.6) / 3])
     assert caps.dtype == torch.float64
 
 
+def test_update_returns_this_steps_capability_beside_the_window_mean():
+    tracker = CapabilityTracker(2, CapabilityConfig(window=2))
+    tracker.update([rewards_with_rate(0.5), rewards_with_rate(0.25)])
+    out = tracker.update([rewards_with_rate(1.0), rewards_with_rate(0.75)])
+    assert out.step.tolist() == pytest.approx([1.0, 0.75])  # P_τ of this step alone
+    assert out.smoothed.tolist() == pytest.approx([0.75, 0.5])  # P̂ over the window of 2
+
+
 def test_mean_reward_metric_uses_reward_values():
     tracker = CapabilityTracker(1, CapabilityConfig(metric="mean_reward", window=2))
     tracker.update([torch.tensor([0.5, 0.25])])
-    caps = tracker.update([torch.tensor([1.0, 0.0, 0.5])])
+    caps = tracker.update([torch.tensor([1.0, 0.0, 0.5])]).smoothed
     assert caps.tolist() == pytest.approx([(0.375 + 0.5) / 2])
 
 
 def test_floor_and_ratio_clip():
     tracker = CapabilityTracker(3)
-    caps = tracker.update([torch.zeros(8), rewards_with_rate(0.5, 8), rewards_with_rate(0.25, 8)])
+    caps = tracker.update([torch.zeros(8), rewards_with_rate(0.5, 8), rewards_with_rate(0.25, 8)]).smoothed
     assert caps.tolist() == pytest.approx([1e-8, 0.5, 0.25])
     ratios = tracker.ratio_matrix()
     expected = [
@@ -51,8 +59,8 @@ def test_floor_and_ratio_clip():
     ]
     torch.testing.assert_close(ratios, torch.tensor(expected, dtype=torch.float64), rtol=1e-12, atol=0)
     assert tracker.ratio(1, 2) == pytest.approx(2.0)
-    assert tracker.omega(2).tolist() == pytest.approx([10.0, 0.5, 1.0])  # ω^(k,j) = R[k, j]
-    assert tracker.coefficients(2).tolist() == pytest.approx([0.1, 2.0, 1.0])  # ω^(j,k) = R[j, k]
+    assert tracker.ratios().baseline_weights(2).tolist() == pytest.approx([10.0, 0.5, 1.0])  # ω^(k,j) = R[k, j]
+    assert tracker.ratios().coefficients(2).tolist() == pytest.approx([0.1, 2.0, 1.0])  # ω^(j,k) = R[j, k]
 
 
 def test_unclipped_ratios_for_paper_variant():
@@ -86,7 +94,7 @@ def test_state_dict_round_trip_through_json():
     assert restored.num_updates == 3
     # both continue identically
     step = [rewards_with_rate(0.7), rewards_with_rate(0.1)]
-    assert torch.equal(restored.update(step), tracker.update(step))
+    assert torch.equal(restored.update(step).smoothed, tracker.update(step).smoothed)
     with pytest.raises(ValueError, match="for 2 agents"):
         CapabilityTracker(3, cfg).load_state_dict(state)
     with pytest.raises(ValueError, match="missing 'history'"):
@@ -118,6 +126,6 @@ def test_bad_agent_indices_and_sizes():
     with pytest.raises(ValueError, match=r"agent index in \[0, 2\)"):
         tracker.ratio(0, 2)
     with pytest.raises(ValueError, match="learner"):
-        tracker.omega(-1)
+        tracker.ratios().baseline_weights(-1)
     with pytest.raises(ValueError, match="capabilities must be finite and > 0"):
         capability_ratios(torch.tensor([0.5, 0.0]))

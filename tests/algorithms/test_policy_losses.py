@@ -10,9 +10,9 @@ from openrlhf_hacpo.algorithms import (
     POLICY_LOSSES,
     PolicyLossConfig,
     PolicyLossInput,
+    LossTotals,
     PolicyLossOutput,
     get_policy_loss,
-    register_policy_loss,
 )
 
 EXP = math.exp
@@ -271,7 +271,7 @@ def test_token_mean_aggregation_by_hand():
 
 
 def test_denominators_from_the_mini_batch():
-    inp = make_input([[-1.0]], [-1.0], [2.0], [True], num_seqs=4, num_tokens=10)
+    inp = make_input([[-1.0]], [-1.0], [2.0], [True], totals=LossTotals(num_seqs=4, num_tokens=10))
     assert get_policy_loss("gspo")(inp, cfg()).loss.item() == pytest.approx(-2.0 / 4)
     assert get_policy_loss("gspo")(inp, cfg(loss_agg="token-mean")).loss.item() == pytest.approx(-2.0 / 10)
 
@@ -312,21 +312,16 @@ def test_matches_reference_on_a_mixed_batch():
         torch.testing.assert_close(grad, f64(ref_grad), rtol=0, atol=1e-12)
 
 
-def test_registry():
-    assert {"grpo", "gspo", "hacpo", "naive"} <= set(POLICY_LOSSES)
+def test_registry_is_the_table_of_four_rows():
+    assert set(POLICY_LOSSES) == {"grpo", "gspo", "hacpo", "naive"}
     with pytest.raises(KeyError, match=r"unknown policy loss 'ppo'; known: \[.*'gspo'.*'hacpo'"):
         get_policy_loss("ppo")
-
-    @register_policy_loss("test-zero-loss")
-    def zero_loss(inp, config):
-        return PolicyLossOutput(loss=inp.logp.sum() * 0, objectives=torch.zeros(inp.logp.shape[0]), metrics={})
-
-    try:
-        assert get_policy_loss("test-zero-loss") is zero_loss
-        with pytest.raises(ValueError, match="already registered"):
-            register_policy_loss("test-zero-loss")(lambda inp, config: None)
-    finally:
-        POLICY_LOSSES.pop("test-zero-loss")
+    config = PolicyLossConfig(kl_coef=0.0, ratio_level="token")
+    rows = {name: (loss.params(config).ratio_level, loss.params(config).foreign_rule, loss.params(config).dual_clip_c)
+            for name, loss in POLICY_LOSSES.items()}
+    assert rows == {"grpo": ("token", "cross", 3.0), "gspo": ("token", "cross", None),
+                    "hacpo": ("token", "cross", None), "naive": ("token", "self_clip", None)}
+    assert get_policy_loss("hacpo").params(PolicyLossConfig(), 2).lo == pytest.approx(0.85)
 
 
 def test_single_agent_losses_reject_foreign_rows():
@@ -356,8 +351,8 @@ def good_fields():
         (dict(coef=f64([1.0, -3.0])), "coef must be > 0"),
         (dict(is_own=torch.tensor([1, 0])), "is_own must be a bool tensor"),
         (dict(ref_logp=torch.zeros(2, 2)), r"ref_logp must have shape \[2, 3\]"),
-        (dict(num_seqs=1), r"num_seqs must be >= 2"),
-        (dict(num_tokens=5), r"num_tokens must be >= 6"),
+        (dict(totals=LossTotals(num_seqs=1)), r"num_seqs must be >= 2"),
+        (dict(totals=LossTotals(num_tokens=5)), r"num_tokens must be >= 6"),
         (dict(update_index=-1), "update_index must be an int >= 0"),
     ],
 )

@@ -5,6 +5,7 @@ formulas written out per row in Python, and its gradient with autograd on that f
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -84,8 +85,8 @@ def test_tune_loss_tiles_flags_a_tile_that_disagrees_with_the_twin(monkeypatch):
     real = loss_module._hacpo_loss_torch
 
     def twin_with_a_wider_window(*args):  # foreign rows above 1 keep their ratio and their gradient
-        hp = dict(args[-1], hi=args[-1]["hi"] + 0.5)
-        return real(*args[:-1], hp)
+        params, totals = args[-2:]
+        return real(*args[:-2], dataclasses.replace(params, cross_clip_high=params.hi + 0.5), totals)
 
     monkeypatch.setattr(loss_module, "_hacpo_loss_torch", twin_with_a_wider_window)
     assert not tune.run_case(x, (1, 2048, 4), (2, 1024, 4))["matches_twin"]

@@ -106,3 +106,18 @@ def assert_sum_close(out: torch.Tensor, ref: torch.Tensor, scale: float, tol: fl
     if not diff <= tol * scale:
         raise AssertionError(f"{name}: |{out:.8g} - {ref:.8g}| = {diff:.3e} > {tol:.1e} * "
                              f"{scale:.3e} [seed {SEED}]")
+
+
+def hacpo_loss_kw(logp, mask, advantages, old_logp_mean, is_own, coef, *, old_logp=None, ref_logp=None,
+                  backend="auto", **kw):
+    """``hacpo_loss`` with its parameters given as keywords: the :class:`LossParams` fields and the
+    :class:`LossTotals` counts (``num_seqs`` ...), for tests that sweep single parameters."""
+    from dataclasses import fields
+
+    from hacpo_kernels.hacpo_loss import LossParams, LossTotals, hacpo_loss
+
+    total_names = {f.name for f in fields(LossTotals)}
+    totals = LossTotals(**{k: v for k, v in kw.items() if k in total_names})
+    params = LossParams(**{k: v for k, v in kw.items() if k not in total_names})
+    return hacpo_loss(logp, mask, advantages, old_logp_mean, is_own, coef, params, old_logp=old_logp,
+                      ref_logp=ref_logp, totals=totals, backend=backend)

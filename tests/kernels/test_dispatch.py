@@ -27,7 +27,7 @@ def test_auto_picks_triton_for_cuda_tensors(monkeypatch):
 
 @pytest.mark.skipif(not dispatch.HAS_TRITON, reason="needs triton")
 def test_explicit_triton_refuses_float64_with_the_dtype_named():
-    from hacpo_kernels import hacpo_loss
+    from hacpo_kernels import LossParams, hacpo_loss
 
     if not (torch.cuda.is_available() or dispatch.interpreter_active(hacpo_loss.__globals__["_hacpo_fwd_kernel"])):
         pytest.skip("needs CUDA or TRITON_INTERPRET=1")
@@ -36,7 +36,7 @@ def test_explicit_triton_refuses_float64_with_the_dtype_named():
     vec = torch.zeros(2, dtype=torch.float64, device=device)
     with pytest.raises(ValueError, match="logp dtype torch.float64 is not supported by the triton backend"):
         hacpo_loss(logp, torch.ones(2, 3, device=device), vec, vec, torch.ones(2, dtype=torch.bool, device=device),
-                   vec + 1, backend="triton")
+                   vec + 1, LossParams(), backend="triton")
 
 
 def test_environment_overrides_auto_only(monkeypatch):

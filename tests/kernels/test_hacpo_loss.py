@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kernel_checks import (DEVICES, TRITON_ON_CPU, assert_finite, assert_rel_close, assert_sum_close,
-                           poisoned_allocations, skip_unless_runnable)
-from hacpo_kernels import METRIC_NAMES, cross_clip_lower_bound, hacpo_loss
+                           hacpo_loss_kw, poisoned_allocations, skip_unless_runnable)
+from hacpo_kernels import METRIC_NAMES, LossParams, LossTotals, cross_clip_lower_bound, hacpo_loss
 
 GOLDEN_ATOL = 1e-9
 
@@ -24,7 +24,7 @@ def golden_call(case, backend, dtype, device="cpu"):
     i, e = case["inputs"], case["expected"]
     logp = torch.tensor(i["logp_new"], dtype=dtype, device=device, requires_grad=True)
     with poisoned_allocations():
-        loss, obj, _, metrics = hacpo_loss(
+        loss, obj, _, metrics, _ = hacpo_loss_kw(
             logp,
             torch.tensor(i["mask_new"], device=device),
             torch.tensor(e["advantages"], dtype=dtype, device=device),
@@ -112,7 +112,7 @@ def call(batch, backend, dtype, mask_dtype=torch.bool, **kw):
     logp = batch["logp"].to(dtype).detach().requires_grad_()
     token_level = kw.get("ratio_level") == "token"
     with poisoned_allocations():
-        loss, obj, _, metrics = hacpo_loss(
+        loss, obj, _, metrics, _ = hacpo_loss_kw(
             logp, batch["mask"].to(mask_dtype), batch["advantages"].to(dtype),
             None if token_level else batch["old_logp_mean"].to(dtype), batch["is_own"], batch["coef"].to(dtype),
             old_logp=batch["old_logp"].to(dtype) if token_level else None, backend=backend, **kw,
@@ -201,7 +201,7 @@ def test_metrics_count_what_they_say():
     for backend in ("torch", "triton") if TRITON_ON_CPU else ("torch",):
         dtype = torch.float64 if backend == "torch" else torch.float32
         lp = logp.detach().to(dtype).requires_grad_()
-        loss, obj, _, m = hacpo_loss(lp, mask, adv.to(dtype), torch.zeros(6, dtype=dtype), is_own, coef.to(dtype),
+        loss, obj, _, m, _ = hacpo_loss_kw(lp, mask, adv.to(dtype), torch.zeros(6, dtype=dtype), is_own, coef.to(dtype),
                                   update_index=0, alpha=1.0, backend=backend)
         loss.backward()
         assert float(m["own_clip_frac_lower"]) == pytest.approx(1 / 3)
@@ -250,21 +250,21 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="advantages must have shape"):
         hacpo_loss(*args[:2], b["advantages"][:3], *args[3:])
     with pytest.raises(ValueError, match="old_logp"):
-        hacpo_loss(*args, ratio_level="token")
-    with pytest.raises(ValueError, match="loss_agg"):
-        hacpo_loss(*args, loss_agg="sum")
-    with pytest.raises(ValueError, match="delta"):
-        hacpo_loss(*args, delta=1.5)
-    with pytest.raises(ValueError, match="cross_clip_high"):
-        hacpo_loss(*args, cross_clip_high=0.9)
-    with pytest.raises(ValueError, match="cross_clip_mode"):
-        hacpo_loss(*args, cross_clip_mode="min")
-    with pytest.raises(ValueError, match="cross_clip_dual"):
-        hacpo_loss(*args, cross_clip_mode="pessimistic", cross_clip_dual=0.9)
-    with pytest.raises(ValueError, match="update_index"):
-        hacpo_loss(*args, update_index=-1)
-    with pytest.raises(ValueError, match="log_ratio_clip_mode"):
-        hacpo_loss(*args, log_ratio_clip_mode="lower")
+        hacpo_loss(*args, LossParams(ratio_level="token"))
+    with pytest.raises(TypeError, match="LossParams"):
+        hacpo_loss(*args, {"delta": 0.1})
+    with pytest.raises(ValueError, match=r"LossTotals\.num_seqs must be an int >= 1"):
+        LossTotals(num_seqs=0)
+    for kw, message in ((dict(loss_agg="sum"), r"LossParams\.loss_agg must be one of"),
+                        (dict(delta=1.5), r"LossParams\.delta must be <= 1"),
+                        (dict(cross_clip_high=0.9), r"LossParams\.cross_clip_high must be >= 1"),
+                        (dict(cross_clip_mode="min"), "cross_clip_mode"),
+                        (dict(cross_clip_mode="pessimistic", cross_clip_dual=0.9), "cross_clip_dual"),
+                        (dict(update_index=-1), "update_index"),
+                        (dict(dual_clip_c=1.0), r"LossParams\.dual_clip_c must be > 1 \+ eps_high"),
+                        (dict(log_ratio_clip_mode="lower"), "log_ratio_clip_mode")):
+        with pytest.raises(ValueError, match=message):
+            LossParams(**kw)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -318,7 +318,7 @@ def test_matches_float64_reference(case):
         if backend == "triton" and not TRITON_ON_CPU:
             continue
         logp = batch["logp"].to(dtype).detach().requires_grad_()
-        out = hacpo_loss(
+        out = hacpo_loss_kw(
             logp, batch["mask"], batch["advantages"].to(dtype), None if token_level else batch["old_logp_mean"].to(dtype),
             batch["is_own"], batch["coef"].to(dtype), old_logp=batch["old_logp"].to(dtype) if token_level else None,
             ref_logp=batch["ref_logp"].to(dtype) if kw.get("kl_coef") else None, backend=backend, **call_kw)

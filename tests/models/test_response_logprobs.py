@@ -46,13 +46,13 @@ def tiny_model(family: str, tied: bool, bias: bool = False, seed: int = 0) -> to
 
 
 def padded_batch(device="cpu"):
-    return {k: v.to(device) for k, v in pack_rows(PROMPTS, RESPONSES, 0).items()}
+    return pack_rows(PROMPTS, RESPONSES, 0).to(device)
 
 
 def reference(model: torch.nn.Module, padded, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 log-probs and entropies of every response position from the full logits."""
     m64 = copy.deepcopy(model).to("cpu", torch.float64)
-    padded = {k: v.cpu() for k, v in padded.items()}
+    padded = padded.to("cpu")
     with torch.no_grad():
         out = m64(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
                   position_ids=padded["position_ids"], output_hidden_states=True, use_cache=False)

@@ -9,10 +9,10 @@ from openrlhf_hacpo.rollout import (
     LearnerRow,
     LearnerViewConfig,
     build_learner_batch,
-    build_learner_rows,
     make_trajectory,
 )
 from tiny_tokenizers import bpe_tokenizer, char_tokenizer
+from openrlhf_hacpo.utils.padding import pack_rows
 
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 CHAR, BPE = 0, 1  # agent 0 uses the char tokenizer, agent 1 the BPE tokenizer
@@ -203,7 +203,6 @@ def test_view_errors_name_the_problem():
         LearnerViewConfig(prompt_max_len=0)
     with pytest.raises(ValueError, match="LearnerViewConfig.eos_policy"):
         LearnerViewConfig(eos_policy="strip")
-    assert build_learner_rows is build_learner_batch
     no_template = bpe_tokenizer().__class__(tokenizer_object=bpe_tokenizer().backend_tokenizer,
                                             eos_token="<|im_end|>", name_or_path="plain-bpe")
     with pytest.raises(ValueError, match="tokenizer 'plain-bpe' has no chat template"):
@@ -220,12 +219,12 @@ def _batch(own_flags, sources=None):
         for i, own in enumerate(own_flags)
     ]
     batch = LearnerBatch(learner=0, rows=rows)
-    batch.set_column("idx", list(range(len(rows))))
+    batch.attach(torch.zeros(len(rows), dtype=torch.float64), torch.ones(len(rows), dtype=torch.float64))
     return batch
 
 
 def idx(b):
-    return [int(v) for v in b.columns["idx"]]
+    return b.row_index.tolist()
 
 
 def test_split_own_first_single_chunk():
@@ -266,37 +265,61 @@ def test_split_stratified_and_shuffle():
     assert [len(m) for m in a] == [4, 4, 4]
 
 
-def test_micro_batches_and_columns():
+def test_micro_batches_and_row_tensors():
     batch = _batch([True] * 8)
     micro = batch.micro_batches(3)
     assert [idx(m) for m in micro] == [[0, 1, 2], [3, 4, 5], [6, 7]]
-    with pytest.raises(ValueError, match="column 'adv' has 2 values for 8 rows"):
-        batch.set_column("adv", [1.0, 2.0])
-    batch.set_column("adv", torch.arange(8, dtype=torch.float32) / 2)
-    assert torch.equal(batch.select([7, 1]).column("adv"), torch.tensor([3.5, 0.5]))
+    with pytest.raises(ValueError, match=r"advantages must be a 1-D tensor of 8 values, got \[2\]"):
+        batch.attach(torch.ones(2), torch.ones(8))
+    batch.attach(torch.arange(8, dtype=torch.float64) / 2, torch.ones(8))
+    picked = batch.select([7, 1])
+    assert picked.advantages.tolist() == [3.5, 0.5] and picked.row_index.tolist() == [7, 1]
+
+
+def test_length_grouped_micro_batches_pad_less_and_keep_every_row_once():
+    lengths = [(1, 9), (2, 1), (1, 8), (3, 2), (1, 1), (2, 9)]  # (prompt, response)
+    rows = [LearnerRow(f"p{i}", [1] * p, [2] * r, True, 0, 0.0, 0.0, None) for i, (p, r) in enumerate(lengths)]
+    batch = LearnerBatch(learner=0, rows=rows)
+    batch.attach(torch.zeros(6, dtype=torch.float64), torch.ones(6, dtype=torch.float64))
+    plain = batch.micro_batches(2)
+    grouped = batch.micro_batches(2, group_by_length=True)
+    # by hand: responses sorted 1,1,2,8,9,9 -> groups {1 (p2,r1), 4 (p1,r1)}, {3 (p3,r2), 2 (p1,r8)}, {0, 5}
+    assert [idx(m) for m in grouped] == [[1, 4], [2, 3], [0, 5]]
+    assert sorted(i for m in grouped for i in idx(m)) == list(range(6))
+
+    def computed(micros):  # packed positions B·(P+R)
+        return sum(len(m) * (max(len(r.prompt_ids) for r in m.rows) + max(len(r.response_ids) for r in m.rows))
+                   for m in micros)
+
+    assert computed(plain) == 2 * (2 + 9) + 2 * (3 + 8) + 2 * (2 + 9) == 66
+    assert computed(grouped) == 2 * (2 + 1) + 2 * (3 + 8) + 2 * (2 + 9) == 50
+    # a budget of 20 packed positions: row 3 (p3) and row 2 (r8) would need 2·(3+8) = 22, so row 2 starts the next
+    # group; rows 2 and 0 fit in 2·(1+9) = 20; row 5 opens a group of its own (2 rows at most)
+    assert [idx(m) for m in batch.micro_batches(2, max_tokens=20)] == [[1, 4], [3], [0, 2], [5]]
 
 
 # --------------------------------------------------------------------------------------------------- packing
-def test_to_padded_layout_by_hand():
+def test_packed_micro_batch_layout_by_hand():
     rows = [
         LearnerRow("a", [5, 6, 7], [8, 9], True, 0, 1.0, -0.5, [-0.25, -0.75]),
         LearnerRow("b", [5], [4, 3, 2], False, 1, 0.0, -1.5, None),
     ]
     batch = LearnerBatch(learner=0, rows=rows)
-    batch.set_column("advantages", [0.5, -0.5])
-    out = batch.to_padded(pad_id=0)
-    assert out["input_ids"].tolist() == [[5, 6, 7, 8, 9, 0], [0, 0, 5, 4, 3, 2]]
-    assert out["attention_mask"].tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
-    assert out["position_ids"].tolist() == [[0, 1, 2, 3, 4, 4], [0, 0, 0, 1, 2, 3]]
-    assert out["response_ids"].tolist() == [[8, 9, 0], [4, 3, 2]]
-    assert out["response_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
-    assert out["old_logp"].tolist() == [[-0.25, -0.75, 0.0], [0.0, 0.0, 0.0]]
-    assert out["has_old_logp"].tolist() == [True, False]
-    assert out["is_own"].tolist() == [True, False] and out["source"].tolist() == [0, 1]
-    assert out["old_logp_mean"].tolist() == [-0.5, -1.5] and out["advantages"].tolist() == [0.5, -0.5]
+    batch.attach(torch.tensor([0.5, -0.5], dtype=torch.float64), torch.tensor([1.0, 2.0], dtype=torch.float64))
+    out = batch.packed(pad_id=0)
+    assert out.packed.input_ids.tolist() == [[5, 6, 7, 8, 9, 0], [0, 0, 5, 4, 3, 2]]
+    assert out.packed.attention_mask.tolist() == [[1, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]]
+    assert out.packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 4], [0, 0, 0, 1, 2, 3]]
+    assert out.packed.response_ids.tolist() == [[8, 9, 0], [4, 3, 2]]
+    assert out.response_mask.tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert out.packed.padding_fraction == pytest.approx(3 / 12)
+    assert out.old_logp.tolist() == [[-0.25, -0.75, 0.0], [0.0, 0.0, 0.0]]
+    assert out.is_own.tolist() == [True, False] and out.row_index.tolist() == [0, 1]
+    assert out.old_logp_mean.tolist() == [-0.5, -1.5] and out.advantages.tolist() == [0.5, -0.5]
+    assert out.coef.tolist() == [1.0, 2.0]
 
 
-def test_to_padded_logit_slice_matches_unpadded_bigram_logprobs():
+def test_packed_logit_slice_matches_unpadded_bigram_logprobs():
     """A bigram 'model' (logits depend on the current token only): the documented slice of the padded forward
     gives the same response log-probs as scoring each unpadded sequence directly."""
     torch.manual_seed(0)
@@ -307,7 +330,7 @@ def test_to_padded_logit_slice_matches_unpadded_bigram_logprobs():
         LearnerRow("b", [9], [10, 11, 1, 2], False, 1, 0.0, 0.0, None),
         LearnerRow("c", [1, 2], [3], False, 1, 0.0, 0.0, None),
     ]
-    out = LearnerBatch(learner=0, rows=rows).to_padded(pad_id=0)
+    out = pack_rows([r.prompt_ids for r in rows], [r.response_ids for r in rows], pad_id=0)
     logits = table[out["input_ids"]]  # [B, L, V]
     p = out["input_ids"].shape[1] - out["response_ids"].shape[1]
     logp = torch.log_softmax(logits[:, p - 1 : -1], dim=-1).gather(-1, out["response_ids"].unsqueeze(-1)).squeeze(-1)

@@ -14,9 +14,9 @@ def nan_loss_at(worker, step: int, update_index: int) -> None:
     loss_fn, train_step = updater.loss_fn, updater.train_step
     current = {"step": None}
 
-    def train_step_recording_the_step(trajectories, step_, ratio_matrix):
+    def train_step_recording_the_step(trajectories, step_, ratios):
         current["step"] = step_
-        return train_step(trajectories, step_, ratio_matrix)
+        return train_step(trajectories, step_, ratios)
 
     def loss_with_nan(inp, cfg, **kwargs):
         out = loss_fn(inp, cfg, **kwargs)

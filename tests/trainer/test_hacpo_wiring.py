@@ -35,10 +35,16 @@ def test_advantages_coefficients_and_flags_reaching_the_loss(tmp_path, tiny_agen
     ratio = p_hat[:, None] / p_hat[None, :]
     monkeypatch.setattr(CapabilityTracker, "ratio_matrix", lambda self: ratio.clone())
 
-    records = []
-    original = UpdateLoop.micro_loss
+    records, views = [], {}
+    original, original_view = UpdateLoop._loss_of, UpdateLoop.learner_batch
 
-    def spy(self, micro, m, totals, ref_logp):
+    def view_spy(self, trajectories):
+        views[self.agent_index] = original_view(self, trajectories)
+        return views[self.agent_index]
+
+    def spy(self, micro, logp, entropy, m, totals, ref_logp, params):
+        """Every loss call of the update: rows with gradient, and rows skipped for having none (their loss still
+        counts)."""
         seen = []
         loss_fn = self.loss_fn
 
@@ -48,13 +54,15 @@ def test_advantages_coefficients_and_flags_reaching_the_loss(tmp_path, tiny_agen
 
         self.loss_fn = capture
         try:
-            out = original(self, micro, m, totals, ref_logp)
+            out = original(self, micro, logp, entropy, m, totals, ref_logp, params)
         finally:
             self.loss_fn = loss_fn
-        records.append((self.agent_index, list(micro.rows), seen[0]))
+        batch = views[self.agent_index]
+        records.append((self.agent_index, [batch.rows[i] for i in micro.row_index.tolist()], seen[0]))
         return out
 
-    monkeypatch.setattr(UpdateLoop, "micro_loss", spy)
+    monkeypatch.setattr(UpdateLoop, "_loss_of", spy)
+    monkeypatch.setattr(UpdateLoop, "learner_batch", view_spy)
     agents = [a for name in names for a in ("--agent", f"name={name},pretrain={tiny_agents[name]}")]
     run(base_args(tmp_path, "--no_ray", *agents, "--algorithm", "hacpo", "--train_batch_size", "4",
                   "--max_steps", "1"))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from loss_injection import nan_loss_at
+from openrlhf_hacpo.algorithms import CapabilityRatios
 from openrlhf_hacpo.cli.train_hacpo import build_config, run
 from openrlhf_hacpo.rollout import RewardFunctionError
 from openrlhf_hacpo.trainer.controller import HACPOController
@@ -229,7 +230,7 @@ def test_worker_update_equals_a_hand_written_gspo_step(tmp_path, tiny_agents, ba
     rewards = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
     for traj, reward in zip(trajectories, rewards):
         traj.reward = reward
-    result = worker.train_step(trajectories, 1, [[1.0]])
+    result = worker.train_step(trajectories, 1, CapabilityRatios(torch.ones(1, 1)))
     worker_grad_norm = result.metrics["grad_norm"][0]
 
     tokenizer = worker.tokenizer

@@ -1,0 +1,74 @@
+"""One metrics record per agent and step: what the step's phases measured, in the names ``metrics.jsonl`` uses.
+
+Times (seconds): ``time/generate`` and ``time/scoring`` (the agent's sampling and old-log-prob recompute, its
+slowest rank), ``time/view``, ``time/advantages``, ``time/reference``, ``time/probe`` and ``time/update`` (its
+learner's parts of the training phase, slowest rank), ``time/logprob`` (scoring + reference, kept for earlier
+reports), ``time/wait`` (how long the agent idled inside the rollout and training phases while other agents worked),
+and the driver's ``time/reward``, ``time/capability``, ``time/sync``, ``time/rollout_phase``, ``time/train_phase``,
+``time/step``. Work: ``perf/tokens_generated``, and from the learner ``perf/rows_trained`` / ``perf/tokens_trained``
+(rows of its view) and ``perf/rows_backward`` / ``perf/tokens_backward`` (those that went through a backward pass).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult
+from openrlhf_hacpo.algorithms import CapabilityRatios, CapabilityStep
+from openrlhf_hacpo.rollout import Trajectory
+
+__all__ = ["LEARNER_PHASES", "agent_step_record"]
+
+LEARNER_PHASES = ("view", "advantages", "reference", "probe", "update")
+"""The parts of a learner's training step, timed by the update loop."""
+
+
+def agent_step_record(step: int, agent: int, agent_names: Sequence[str], summary: Mapping[str, float],
+                      own: Sequence[Trajectory], capability: CapabilityStep, ratios: CapabilityRatios,
+                      rollout: RolloutResult, trained: TrainStepResult, phases: Mapping[str, float],
+                      sync_s: float) -> dict[str, Any]:
+    """The record of agent ``agent`` for ``step``: rewards and responses of its rollouts (``summary``: the
+    :meth:`~openrlhf_hacpo.rollout.RolloutStore.summary` entry of the agent), capability, phase times, update
+    counts, ω to every other agent and the learner's own metrics.
+
+    ``phases`` holds the driver's seconds: ``rollout_phase``, ``reward``, ``capability``, ``train_phase``, ``step``.
+    """
+    learner = {name: float(trained.timings.get(name, 0.0)) for name in LEARNER_PHASES}
+    busy_rollout = rollout.generate_s + rollout.logprob_s
+    wait = max(phases["rollout_phase"] - busy_rollout, 0.0) + max(phases["train_phase"] - sum(learner.values()), 0.0)
+    rec: dict[str, Any] = {
+        "step": step,
+        "agent": agent_names[agent],
+        "reward/mean": summary["reward_mean"],
+        "reward/std": summary["reward_std"],
+        "reward/positive_rate": summary["positive_rate"],
+        "capability": float(capability.smoothed[agent]),
+        "capability/step": float(capability.step[agent]),
+        "response/tokens_mean": summary["response_tokens_mean"],
+        "response/chars_mean": summary["response_chars_mean"],
+        "response/finished_rate": summary["finished_rate"],
+        "response/truncated_fraction": float(np.mean([t.finish_reason == "length" for t in own])),
+        "rollout/tokens_per_s": rollout.generated_tokens / max(rollout.generate_s, 1e-9),
+        "perf/tokens_generated": float(rollout.generated_tokens),
+        "time/generate": rollout.generate_s,
+        "time/scoring": rollout.logprob_s,
+        "time/reward": phases["reward"],
+        "time/capability": phases["capability"],
+        **{f"time/{name}": seconds for name, seconds in learner.items()},
+        "time/logprob": rollout.logprob_s + learner["reference"],
+        "time/sync": sync_s,
+        "time/wait": wait,
+        "time/rollout_phase": phases["rollout_phase"],
+        "time/train_phase": phases["train_phase"],
+        "time/step": phases["step"],
+        "updates": trained.updates,
+        "skipped_updates": trained.skipped_updates_total,
+        "skipped_updates/step": trained.skipped_updates,
+    }
+    weights = ratios.baseline_weights(agent)
+    for j, name in enumerate(agent_names):
+        if j != agent:
+            rec[f"omega/{name}"] = float(weights[j])
+    rec.update(trained.metrics)
+    return rec

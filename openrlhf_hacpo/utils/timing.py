@@ -1,0 +1,45 @@
+"""Named phases of a step, timed into one mapping (in the spirit of verl's ``marked_timer``).
+
+::
+
+    timer = PhaseTimer()
+    with timer.phase("view"):
+        ...
+    timer.seconds  # {"view": 0.12, ...}; a phase entered twice adds up
+
+Every phase the trainer reports as ``time/<name>`` comes from one of these mappings.
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Iterator, Mapping, Sequence
+
+__all__ = ["PhaseTimer", "slowest"]
+
+
+class PhaseTimer:
+    """Wall seconds per named phase, accumulated over every entry of the phase."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(name, time.perf_counter() - start)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + float(seconds)
+
+
+def slowest(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Per phase, the longest of several ranks' times (ranks run concurrently; the slowest one is the cost)."""
+    out: dict[str, float] = {}
+    for part in parts:
+        for name, seconds in part.items():
+            out[name] = max(out.get(name, 0.0), float(seconds))
+    return out
