@@ -84,9 +84,11 @@ case "$METHOD" in
                            --cross_clip_delta "$DELTA" --cross_clip_step "$DELTA_STEP" --capability_window 5) ;;
     gspo)    METHOD_FLAGS=(--algorithm gspo --n_samples_per_prompt "$G" "${GSPO_CLIP[@]}") ;;
     gspo_x2) METHOD_FLAGS=(--algorithm gspo --n_samples_per_prompt $((2 * G)) "${GSPO_CLIP[@]}") ;;
-    # the grpo preset's clip [1-0.2, 1+0.28]; aggregation as the paper's GRPO formula (mean over responses of the
-    # per-response token mean); a stock verl GRPO run averages over tokens instead: add --loss_agg token-mean
-    grpo)    METHOD_FLAGS=(--algorithm grpo --n_samples_per_prompt "$G" --loss_agg seq-mean-token-mean) ;;
+    # the grpo preset's clip [1-0.2, 1+0.28]; verl's dual clip c = 3 (clip_ratio_c) on negative-advantage tokens;
+    # aggregation as the paper's GRPO formula (mean over responses of the per-response token mean); a stock verl
+    # GRPO run averages over tokens instead: add --loss_agg token-mean
+    grpo)    METHOD_FLAGS=(--algorithm grpo --n_samples_per_prompt "$G" --dual_clip_c 3
+                           --loss_agg seq-mean-token-mean) ;;
     naive)   METHOD_FLAGS=(--algorithm naive --n_samples_per_prompt "$G" "${GSPO_CLIP[@]}") ;;
     *) echo "train_table1.sh: unknown method '$METHOD'" >&2; usage ;;
 esac

@@ -64,6 +64,7 @@ def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, me
     if algorithm == "grpo":
         assert (cfg.algo.loss.eps_low, cfg.algo.loss.eps_high) == (0.2, 0.28)
         assert cfg.algo.loss.loss_agg == "seq-mean-token-mean"  # the paper's GRPO formula, a documented choice
+        assert cfg.algo.loss.dual_clip_c == 3.0  # verl's clip_ratio_c
     else:
         assert (cfg.algo.loss.eps_low, cfg.algo.loss.eps_high) == (3e-4, 4e-4)
     if algorithm == "hacpo":
