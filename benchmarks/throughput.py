@@ -219,6 +219,7 @@ def build_payload(setup: Setup, order: Sequence[tuple[int, str]], root: Path, *,
         for key in ("peak_rss_gib", "peak_pss_gib", "peak_process_rss_gib"):
             summary[key] = _max_or_none([facts.get(key) for _, facts in loaded])
         summary["wall_seconds"] = [facts["wall_seconds"] for _, facts in loaded]
+        summary["run_medians"] = [summarize_arm([records], warmup)["step_s"]["median"] for records in runs]
         summary["agents"] = summarize_agents(runs, warmup)
         summary["label"] = ARMS[name].label
         arms[name] = summary

@@ -50,12 +50,15 @@ def format_report(payload: Mapping[str, Any]) -> str:
              f"Machine: {payload['machine']}. Commit: `{payload.get('commit', '?')}`. {payload.get('time', '')}",
              "", "## Step time (seconds, median over measured steps)", ""]
     phases = [k for k in _STEP_PHASE_LABELS if _present(arms, lambda a, k=k: a["phases"].get(k))]
-    header = ["arm", "steps", "step s (q1–q3)", "× GSPO"] + [_STEP_PHASE_LABELS[k] for k in phases]
+    header = ["arm", "steps", "step s (q1–q3)", "× GSPO", "median of each run"] + [_STEP_PHASE_LABELS[k]
+                                                                                   for k in phases]
     rows = []
     for name, a in arms.items():
         st = a["step_s"]
+        runs = ", ".join(f"{m:.3f}" for m in a.get("run_medians", []))
         rows.append([labels[name], str(a["steps"]), f"{st['median']:.3f} ({st['q1']:.3f}–{st['q3']:.3f})",
-                     fmt(a["ratios"].get("step_s.median"))] + [fmt(a["phases"].get(k), 3) for k in phases])
+                     fmt(a["ratios"].get("step_s.median")), runs or DASH]
+                    + [fmt(a["phases"].get(k), 3) for k in phases])
     lines += _table(header, rows)
 
     lines += ["", "## Work and throughput", ""]

@@ -191,6 +191,7 @@ def test_report_from_run_folders(tmp_path):
     _fake_run(tmp_path, "hacpo-n2", 1, hacpo_run([9.0, 2.4, 2.4]), rss=3.0)
     payload = throughput.build_payload(setup, order, tmp_path, steps=3, warmup=1, rounds=2, command="x")
     assert payload["arms"]["gspo"]["peak_rss_gib"] == 2.5  # max over rounds
+    assert payload["arms"]["hacpo"]["run_medians"] == [3.0, 3.0]
     assert payload["arms"]["hacpo"]["ratios"]["step_s.median"] == pytest.approx(1.5)
     assert payload["arms"]["hacpo"]["ratios"]["peak_rss_gib"] == pytest.approx(1.2)
     assert any("**1.250**" in n for n in payload["notes"])  # N = 3 / N = 2: 3.0 / 2.4
