@@ -7,7 +7,7 @@ one value. A Ray actor that died surfaces as :class:`AgentWorkerDied`, a wait ov
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 __all__ = ["AgentPhaseTimeout", "AgentWorkerDied", "Pending", "is_actor_death"]
 
@@ -48,21 +48,25 @@ def is_actor_death(err: BaseException) -> bool:
     return isinstance(err, (rex.RayActorError, rex.ActorDiedError, rex.ActorUnavailableError))
 
 
-class Pending:
-    """Work started on an agent's workers; :meth:`result` waits and combines the per-worker results.
+T = TypeVar("T")
+
+
+class Pending(Generic[T]):
+    """Work started on an agent's workers; :meth:`result` waits and combines the per-worker results into one ``T``
+    (``Pending[RolloutResult]``, ``Pending[TrainStepResult]``, ...).
 
     ``after`` is work this one depends on, started already (e.g. the engines' generation that a scoring call takes
     as its input): :meth:`result` waits for it first, so a timeout names the phase that hung, and hands its value
     to ``combine`` as a second argument.
     """
 
-    def __init__(self, group: Any, role: str, parts: list[Any], combine: Callable[..., Any],
-                 remote: bool, method: str = "", after: "Pending | None" = None) -> None:
+    def __init__(self, group: Any, role: str, parts: list[Any], combine: Callable[..., T],
+                 remote: bool, method: str = "", after: "Pending[Any] | None" = None) -> None:
         self.group, self.role, self.parts, self.combine, self.remote = group, role, parts, combine, remote
         self.method = method
         self.after = after
 
-    def result(self) -> Any:
+    def result(self) -> T:
         """Wait (at most the group's ``timeout_s`` per phase) and combine the workers' results."""
         if self.after is not None:
             first = self.after.result()

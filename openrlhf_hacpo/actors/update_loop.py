@@ -51,9 +51,13 @@ from openrlhf_hacpo.utils.seeding import derive_seed
 from openrlhf_hacpo.utils.timing import PhaseTimer
 from openrlhf_hacpo.utils.weighted import WeightedMeans
 
-__all__ = ["UpdateLoop", "SKIP_MARGIN"]
+__all__ = ["UpdateLoop", "PROBE_ROWS_FACTOR", "SKIP_MARGIN"]
 
 logger = logging.getLogger(__name__)
+
+PROBE_ROWS_FACTOR = 4
+"""The probe packs this many times ``micro_train_batch_size`` rows per forward: without gradient it keeps no
+activations, so larger passes cost less per row than the update's."""
 
 SKIP_MARGIN = 1e-3
 """A foreign row is skipped only if its gradient would stay zero with its mean log-ratio moved by this much either
@@ -351,12 +355,12 @@ class UpdateLoop:
         cfg = self.cfg
         foreign = [i for i, r in enumerate(share.rows) if not r.is_own]
         probe_rows = share.select(foreign)
+        size = cfg.micro_train_batch_size * PROBE_ROWS_FACTOR
         if cfg.length_grouping:
             groups = length_grouped([len(r.prompt_ids) for r in probe_rows.rows],
-                                    [len(r.response_ids) for r in probe_rows.rows], cfg.micro_train_batch_size)
+                                    [len(r.response_ids) for r in probe_rows.rows], size)
         else:
-            groups = [list(range(i, min(i + cfg.micro_train_batch_size, len(foreign))))
-                      for i in range(0, len(foreign), cfg.micro_train_batch_size)]
+            groups = [list(range(i, min(i + size, len(foreign)))) for i in range(0, len(foreign), size)]
         count = self._agree_on_count(len(groups))
         work, keep, finite = _Work(), {i for i, r in enumerate(share.rows) if r.is_own}, True
         for g in range(count):

@@ -1,8 +1,10 @@
-"""The shared rollout store: the only thing the agents share.
+"""The shared rollout store: the step's verified trajectories of every agent, tokenizer-neutral.
 
-Every agent's verified trajectories of a step are appended here; every learner then reads all of them (own and
-foreign) to build its view. The store keeps the last ``keep_last_steps`` steps (default 1: a step only needs its own
-rollouts) and can dump one step as JSON lines for debugging.
+The controller adds each step's trajectories here and reads back what the step needs from them: the rewards per
+source agent (the capability tracker's input, eq. 9), the per-agent summary of the step's metrics record and, with
+``--save_rollouts``, a JSON-lines dump of the step. Learners do not query the store: the controller hands every learner
+the same list of the step's trajectories. The store keeps the last ``keep_last_steps`` steps (default 1) and is part
+of the joint checkpoint (``state_dict``).
 """
 from __future__ import annotations
 
@@ -48,9 +50,6 @@ class RolloutStore:
         for step in sorted(self._steps)[: -self.keep_last_steps]:
             del self._steps[step]
 
-    def clear(self) -> None:
-        self._steps.clear()
-
     # ------------------------------------------------------------------------------------------------- reading
     @property
     def steps(self) -> list[int]:
@@ -64,36 +63,6 @@ class RolloutStore:
         if step not in self._steps:
             raise KeyError(f"RolloutStore has no trajectories for step {step} (held steps: {self.steps})")
         return list(self._steps[step])
-
-    def query(
-        self, step: int | None = None, source: int | None = None, prompt_id: str | None = None
-    ) -> list[Trajectory]:
-        """Trajectories matching every given filter, in step then insertion order."""
-        steps = self.steps if step is None else ([step] if step in self._steps else [])
-        return [
-            t
-            for s in steps
-            for t in self._steps[s]
-            if (source is None or t.source == source) and (prompt_id is None or t.prompt_id == prompt_id)
-        ]
-
-    def by_source(self, source: int, step: int | None = None) -> list[Trajectory]:
-        return self.query(step=step, source=source)
-
-    def by_prompt(self, step: int | None = None) -> dict[str, list[Trajectory]]:
-        """Group trajectories by ``prompt_id`` (groups in order of first appearance).
-
-        With ``step=None`` the latest held step is used: a prompt's advantage group is all n·G responses of one
-        step (eqs. 6–7).
-        """
-        if step is None:
-            if not self._steps:
-                return {}
-            step = self.steps[-1]
-        groups: dict[str, list[Trajectory]] = {}
-        for t in self.for_step(step):
-            groups.setdefault(t.prompt_id, []).append(t)
-        return groups
 
     def rewards_by_source(self, step: int, num_agents: int) -> list[list[float]]:
         """Verified rewards of ``step`` per source agent (index = agent), for the capability tracker (eq. 9)."""

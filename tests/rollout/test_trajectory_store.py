@@ -97,12 +97,6 @@ def test_store_queries_and_grouping():
     store.add(trajs)
     assert store.steps == [0, 1] and len(store) == 5
     assert store.for_step(0) == trajs[:4]
-    assert store.query(step=0, source=1) == [trajs[1], trajs[3]]
-    assert store.query(prompt_id="b") == [trajs[2], trajs[3]]
-    assert store.by_source(0) == [trajs[0], trajs[2], trajs[4]]
-    groups = store.by_prompt(step=0)
-    assert list(groups) == ["a", "b"] and groups["a"] == trajs[:2]
-    assert list(store.by_prompt()) == ["c"]  # latest step by default
     assert store.rewards_by_source(0, num_agents=2) == [[1.0, 0.0], [0.0, 1.0]]
     with pytest.raises(KeyError, match="no trajectories for step 7"):
         store.for_step(7)
