@@ -282,8 +282,11 @@ def call_engines(engines: Sequence, method: str, *args, **kwargs) -> list:
 
 def wake_engine_weights(engines: Sequence) -> None:
     """Give sleeping engines back the GPU memory of their weights only (not their KV cache), so a weight sync can
-    copy into them; engines that are awake, or have no sleep mode, ignore it."""
-    call_engines(engines, "wake_up", ["weights"])
+    copy into them; engines that are awake, or have no sleep mode, ignore it, and receivers without a ``wake_up``
+    (no sleep mode at all) are left out."""
+    sleepers = [engine for engine in engines if hasattr(engine, "wake_up")]
+    if sleepers:
+        call_engines(sleepers, "wake_up", ["weights"])
 
 
 def push_weights_to_engines(engines: Sequence, named_tensors: NamedTensors) -> None:
