@@ -77,10 +77,15 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         problems = problems[: args.max_problems]
     t0 = time.perf_counter()
     accs = evaluate_folders(folders, problems, rl.max_new_tokens)
+    names = {}
+    if args.run is None:
+        from openrlhf_hacpo.zoo.shipped import agent_records
+
+        names = {n: f"{r['source']} {r['fingerprint']}" for n, r in agent_records(folders).items()}
     print(f"| agent | greedy accuracy ({len(problems)} {args.split} problems) |")
     print("|---|---|")
     for name, acc in accs.items():
-        print(f"| {name} | {acc:.3f} |")
+        print(f"| {name}{' (' + names[name] + ')' if name in names else ''} | {acc:.3f} |")
     print(f"({time.perf_counter() - t0:.1f} s)")
     return 0
 
