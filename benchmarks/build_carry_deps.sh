@@ -11,9 +11,9 @@
 #
 # The packages (DeepSpeed 0.19.6's requirements, and accelerate for transformers' HfDeepSpeedConfig):
 #   deepspeed, accelerate, hjson, py-cpuinfo, einops, msgpack, psutil, pydantic, pydantic_core, annotated-types,
-#   typing-inspection
-# torch, numpy, packaging, tqdm, pyyaml, safetensors, huggingface_hub and typing_extensions come with torch and
-# transformers; ninja is only needed to compile DeepSpeed's C++/CUDA ops, which the project does not use.
+#   typing-inspection, typing-extensions (pydantic needs a newer one than torch does)
+# torch, numpy, packaging, tqdm, pyyaml, safetensors and huggingface_hub come with torch and transformers; ninja is
+# only needed to compile DeepSpeed's C++/CUDA ops, which the project does not use.
 # BUILD_INFO.json in the folder names the Python version and machine it was built for; the folder must stay under
 # 64 MiB (the device tool's limit on what travels with the working tree).
 set -euo pipefail
@@ -32,7 +32,7 @@ import zipfile
 from pathlib import Path
 
 CARRY = ["deepspeed", "accelerate", "hjson", "py-cpuinfo", "einops", "msgpack", "psutil", "pydantic", "pydantic_core",
-         "annotated-types", "typing-inspection"]
+         "annotated-types", "typing-inspection", "typing-extensions"]
 LIMIT = 64 * 2**20
 
 root = Path(sys.argv[1])
