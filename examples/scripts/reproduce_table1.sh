@@ -109,7 +109,7 @@ prepare() {
         python3 -m openrlhf_hacpo.cli.prepare --sets champ --output_dir "$DATA_DIR" "${PREPARE_EXTRA[@]}"
         python3 -m openrlhf_hacpo.reproduce.small subset --input "$DATA_DIR/champ.jsonl" \
             --output "$DATA_DIR/champ_small.jsonl" --models "$MODEL_A" "$MODEL_B" \
-            --prompt_max_len "$SMALL_PROMPT_MAX_LEN" --max_rows 4
+            --prompt_max_len "$SMALL_PROMPT_MAX_LEN" --max_rows 2
     fi
 }
 

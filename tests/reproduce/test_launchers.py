@@ -100,7 +100,7 @@ def test_train_agents_is_refused_where_it_makes_no_sense(tmp_path, method, agent
     assert result.returncode == 2 and "TRAIN_AGENTS" in result.stderr
 
 
-SMALL_UPDATES = {"hacpo": 2, "gspo": 1, "gspo_x2": 2, "grpo": 1, "naive": 2}  # 2 prompts x G/4 rows, 4 per update
+SMALL_UPDATES = {"hacpo": 2, "gspo": 1, "gspo_x2": 2, "grpo": 1, "naive": 2}  # 1 prompt x G/4 rows, 2 per update
 
 
 @pytest.mark.parametrize("method", METHODS)
