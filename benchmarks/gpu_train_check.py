@@ -171,62 +171,44 @@ def weight_diff(a, b) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------- the check
-def check(device: str, out: Path, bf16: bool, tolerance: float) -> Report:
-    report = Report(device)
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    t0 = time.perf_counter()
-    inputs = build_inputs(out)
-    report.seconds["build agents"] = time.perf_counter() - t0
-
-    straight, resumed = out / "straight", out / "resumed"
-    rc, report.seconds[f"train {STEPS} steps"] = run_trainer(train_flags(inputs, straight, device, bf16),
-                                                             out / "straight.log")
-    if not report.add("train", rc == 0, f"{STEPS} steps, exit {rc}; log {out / 'straight.log'}"):
-        print((out / "straight.log").read_text()[-4000:], file=sys.stderr)
-        return report
-    metrics = _records(straight / "metrics.jsonl")
+def check_straight_run(report: Report, run: Path) -> tuple[dict, dict]:
+    """What the uninterrupted run left: every step's metrics and evaluation for both agents, two optimizer updates
+    per step, a checkpoint per step. Returns its metrics and evaluation records by (step, agent)."""
+    metrics = _records(run / "metrics.jsonl")
     steps = sorted({s for s, _ in metrics})
     agents = sorted({a for _, a in metrics})
     report.add("metrics", steps == list(range(1, STEPS + 1)) and agents == sorted(AGENTS),
                f"steps {steps}, agents {agents}")
-    updates = [metrics[(STEPS, a)].get("updates") for a in sorted(AGENTS)]
+    updates = [metrics.get((STEPS, a), {}).get("updates") for a in sorted(AGENTS)]
     report.add("updates", all(isinstance(u, (int, float)) and u >= 2 for u in updates),
                f"optimizer updates in step {STEPS}: {updates} (2 expected per agent)")
-    evals = _records(straight / "eval.jsonl")
+    evals = _records(run / "eval.jsonl")
     report.add("evaluation", sorted({s for s, _ in evals}) == list(range(1, STEPS + 1)),
                f"eval.jsonl steps {sorted({s for s, _ in evals})}")
-    checkpoints = sorted(p.name for p in (straight / "checkpoints").glob("global_step*"))
-    report.add("checkpoints", checkpoints == [f"global_step{s}" for s in range(1, STEPS + 1)],
-               f"{checkpoints}")
+    checkpoints = sorted(p.name for p in (run / "checkpoints").glob("global_step*"))
+    report.add("checkpoints", checkpoints == [f"global_step{s}" for s in range(1, STEPS + 1)], f"{checkpoints}")
+    return metrics, evals
 
-    # resume from the step-2 checkpoint and train step 3 again
-    source = straight / "checkpoints" / f"global_step{RESUME_FROM}"
-    shutil.copytree(source, resumed / "checkpoints" / source.name)
-    (resumed / "checkpoints" / "latest").write_text(f"{source.name}\n")
-    rc, report.seconds[f"resume + 1 step"] = run_trainer([*train_flags(inputs, resumed, device, bf16), "--resume"],
-                                                         out / "resumed.log")
-    if not report.add("resume", rc == 0, f"--resume from step {RESUME_FROM}, exit {rc}; log {out / 'resumed.log'}"):
-        print((out / "resumed.log").read_text()[-4000:], file=sys.stderr)
-        return report
-    again = _records(resumed / "metrics.jsonl")
+
+def check_resumed_run(report: Report, run: Path, metrics: dict, evals: dict, tolerance: float) -> None:
+    """The resumed run logged only step 3, and its metrics and evaluation equal the uninterrupted run's."""
+    again, eval_again = _records(run / "metrics.jsonl"), _records(run / "eval.jsonl")
     report.add("resumed steps", sorted(again) == [(STEPS, a) for a in sorted(AGENTS)], f"{sorted(again)}")
     for agent in sorted(AGENTS):
         key = (STEPS, agent)
-        if key not in again or key not in metrics:
-            continue
-        diff, where = compare_records(metrics[key], again[key])
-        report.add(f"resume = uninterrupted ({agent})", diff <= tolerance,
-                   f"step {STEPS} metrics: max relative difference {diff:.3g} (at {where}); tolerance "
-                   f"{tolerance:g}")
-        eval_again = _records(resumed / "eval.jsonl")
+        if key in again and key in metrics:
+            diff, where = compare_records(metrics[key], again[key])
+            report.add(f"resume = uninterrupted ({agent})", diff <= tolerance,
+                       f"step {STEPS} metrics: max relative difference {diff:.3g} (at {where}); tolerance "
+                       f"{tolerance:g}")
         if key in evals and key in eval_again:
             diff, where = compare_records(evals[key], eval_again[key])
             report.add(f"resumed evaluation ({agent})", diff <= tolerance,
                        f"step {STEPS} evaluation: max relative difference {diff:.3g} (at {where})")
 
-    # the HF exports reload, give finite logits, moved away from the initial weights and agree across the runs
+
+def check_exports(report: Report, straight: Path, resumed: Path, inputs: dict[str, Path], tolerance: float) -> None:
+    """Both runs' HF exports reload, give finite logits, moved away from the initial weights and agree."""
     import torch
 
     for agent in sorted(AGENTS):
@@ -244,6 +226,40 @@ def check(device: str, out: Path, bf16: bool, tolerance: float) -> Report:
         report.add(f"HF export ({agent})", bool(torch.isfinite(logits).all()) and moved > 0 and across <= tolerance,
                    f"reloads, finite logits {tuple(logits.shape)}; largest change from the initial weights "
                    f"{moved:.3g}; largest difference straight vs resumed {across:.3g}")
+
+
+def _trained(report: Report, name: str, flags: list[str], log: Path, what: str) -> bool:
+    rc, report.seconds[what] = run_trainer(flags, log)
+    if not report.add(name, rc == 0, f"{what}, exit {rc}; log {log}"):
+        print(log.read_text()[-4000:], file=sys.stderr)
+        return False
+    return True
+
+
+def check(device: str, out: Path, bf16: bool, tolerance: float) -> Report:
+    """Build the inputs, run both trainings and every check under ``out`` (emptied first)."""
+    report = Report(device)
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    t0 = time.perf_counter()
+    inputs = build_inputs(out)
+    report.seconds["build agents"] = time.perf_counter() - t0
+
+    straight, resumed = out / "straight", out / "resumed"
+    if not _trained(report, "train", train_flags(inputs, straight, device, bf16), out / "straight.log",
+                    f"train {STEPS} steps"):
+        return report
+    metrics, evals = check_straight_run(report, straight)
+    # a second run from the step-2 checkpoint trains step 3 again
+    source = straight / "checkpoints" / f"global_step{RESUME_FROM}"
+    shutil.copytree(source, resumed / "checkpoints" / source.name)
+    (resumed / "checkpoints" / "latest").write_text(f"{source.name}\n")
+    if not _trained(report, "resume", [*train_flags(inputs, resumed, device, bf16), "--resume"],
+                    out / "resumed.log", f"--resume from step {RESUME_FROM} + 1 step"):
+        return report
+    check_resumed_run(report, resumed, metrics, evals, tolerance)
+    check_exports(report, straight, resumed, inputs, tolerance)
     return report
 
 
