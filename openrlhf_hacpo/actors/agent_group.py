@@ -25,6 +25,7 @@ import torch
 from openrlhf_hacpo.actors.pending import AgentPhaseTimeout, AgentWorkerDied, Pending, is_actor_death
 from openrlhf_hacpo.actors.policy import PolicyWorker
 from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult, WorkerInfo
+from openrlhf_hacpo.algorithms import CapabilityRatios
 from openrlhf_hacpo.actors.sharding import reindex, shard_sampling, split_shards
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
@@ -84,7 +85,7 @@ class AgentGroup:
                                              pad_token_id=policy.pad_token_id,
                                              micro_batch_size=self.cfg.micro_train_batch_size,
                                              logprob_path=self.cfg.logprob_path,
-                                             kernel_backend=self.cfg.kernel_backend)
+                                             kernel_backend=self.cfg.kernel_backend, device=self.cfg.device)
             self.reference.setup()
             policy.set_reference(self.reference)
         return Pending(self, "policy", [info], list, remote=False)
@@ -131,7 +132,7 @@ class AgentGroup:
             self.reference = reference_actor_class().options(**ref_options).remote(
                 self.agent.pretrain, bf16=self.agent.bf16, attn_implementation=self.agent.attn_implementation,
                 pad_token_id=0, micro_batch_size=self.cfg.micro_train_batch_size,
-                logprob_path=self.cfg.logprob_path, kernel_backend=self.cfg.kernel_backend)
+                logprob_path=self.cfg.logprob_path, kernel_backend=self.cfg.kernel_backend, device=self.cfg.device)
             refs.append(self.reference.setup.remote())
         # colocated engines start once the policies hold their GPU memory, so vLLM sizes its cache to what is left
         engines_after_policies = self.use_gpu and colocate
@@ -311,14 +312,14 @@ class AgentGroup:
         return self._call(self.policies[:1], PolicyWorker.render_prompt_texts, [(list(prompts),)], "policy",
                           lambda v: v[0]).result()
 
-    def train_step(self, trajectories: Any, step: int, ratio_matrix: torch.Tensor) -> Pending:
+    def train_step(self, trajectories: Any, step: int, ratios: CapabilityRatios) -> Pending:
         """Start this learner's update on the step's trajectories (a list, or a Ray object reference to one shared by
         every learner); the result is a :class:`TrainStepResult` merging every rank's metrics."""
         if self.use_ray and isinstance(trajectories, (list, tuple)):
             import ray
 
             trajectories = ray.put(list(trajectories))  # one copy for all ranks
-        return self._all_policies(PolicyWorker.train_step, trajectories, step, ratio_matrix,
+        return self._all_policies(PolicyWorker.train_step, trajectories, step, ratios,
                                   combine=TrainStepResult.combine)
 
     def sync_weights(self) -> float:

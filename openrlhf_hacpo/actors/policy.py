@@ -82,7 +82,7 @@ class PolicyWorker:
         if master_addr is not None:
             self.master_addr, self.master_port = master_addr, master_port
         agent = self.agent
-        self.device = actor_device()
+        self.device = actor_device(self.cfg.device)
         init_agent_process_group(self.cfg, agent, self.rank, self.world_size, self.master_addr, self.master_port,
                                  self.device)
         self.tokenizer = load_tokenizer(agent.tokenizer_path, agent.chat_template, owner=f"agent {agent.name!r}")

@@ -25,11 +25,12 @@ class ReferenceWorker:
         pad_token_id: id used for padding rows (any id works: padding is masked).
         micro_batch_size: rows per forward.
         logprob_path / kernel_backend: see :func:`openrlhf_hacpo.models.response_logprobs`.
+        device: ``"cpu"`` keeps the model on the CPU even where CUDA is present (``--device cpu``).
     """
 
     def __init__(self, pretrain: str, bf16: bool = False, attn_implementation: str = "sdpa",
                  pad_token_id: int = 0, micro_batch_size: int = 8, logprob_path: str = "fused",
-                 kernel_backend: str = "auto") -> None:
+                 kernel_backend: str = "auto", device: str = "auto") -> None:
         self.pretrain = pretrain
         self.bf16 = bf16
         self.attn_implementation = attn_implementation
@@ -37,6 +38,7 @@ class ReferenceWorker:
         self.micro_batch_size = int(micro_batch_size)
         self.logprob_path = logprob_path
         self.kernel_backend = kernel_backend
+        self.requested_device = device
         self.model = None
 
     def setup(self) -> dict[str, Any]:
@@ -44,7 +46,7 @@ class ReferenceWorker:
 
         from openrlhf_hacpo.engines.placement import actor_device
 
-        device = actor_device()
+        device = actor_device(self.requested_device)
         try:
             model = AutoModelForCausalLM.from_pretrained(
                 self.pretrain, dtype=torch.bfloat16 if self.bf16 else torch.float32,

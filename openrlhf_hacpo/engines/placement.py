@@ -126,13 +126,14 @@ def ray_noset_visible_devices(env: Mapping[str, str] | None = None) -> bool:
     return any(env.get(name) for name in NOSET_VISIBLE_DEVICES_ENV_VARS)
 
 
-def actor_device():
-    """The torch device a policy or reference worker runs on: CPU without CUDA; otherwise the first GPU Ray
-    assigned to this actor when Ray leaves `CUDA_VISIBLE_DEVICES` alone (every GPU of the node is then visible,
-    so the current device would be GPU 0 for every actor), else the current CUDA device."""
+def actor_device(requested: str = "auto"):
+    """The torch device a policy or reference worker runs on: CPU when ``requested`` is ``"cpu"`` (``--device
+    cpu``) or without CUDA; otherwise the first GPU Ray assigned to this actor when Ray leaves
+    `CUDA_VISIBLE_DEVICES` alone (every GPU of the node is then visible, so the current device would be GPU 0 for
+    every actor), else the current CUDA device."""
     import torch
 
-    if not torch.cuda.is_available():
+    if requested == "cpu" or not torch.cuda.is_available():
         return torch.device("cpu")
     if ray_noset_visible_devices():
         import ray

@@ -95,7 +95,7 @@ def test_engines_sleep_before_any_rank_scores_and_each_rank_gets_its_prompts(ray
     # 5 prompts x 2 samples of 1 and 2 tokens; the ranks score 3 and 2 prompts (logprob_s is the slowest rank's)
     assert result.generated_tokens == 5 * (1 + 2)
     assert result.logprob_s == pytest.approx(0.03)
-    assert GENERATE_S <= result.generate_s < GENERATE_S + 30
+    assert GENERATE_S <= result.generate_s < GENERATE_S + 120  # an upper bound only: the machine may be loaded
     sleeps = [t for e in group.engines for t in ray.get(e.sleeps.remote())]
     starts = [t for p in group.policies for t in ray.get(p.starts.remote())]
     assert len(sleeps) == 2 and len(starts) == 2
