@@ -17,7 +17,7 @@ import torch
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.utils.network import free_port
 
-__all__ = ["PolicyEngine", "SkipAwareScheduler", "SkippableAdamW", "build_ds_config", "build_policy_engine",
+__all__ = ["TrainingParts", "SkipAwareScheduler", "SkippableAdamW", "build_ds_config", "build_policy_engine",
            "init_agent_process_group"]
 
 
@@ -144,8 +144,9 @@ def init_agent_process_group(cfg: TrainConfig, agent: AgentConfig, rank: int, wo
 
 
 @dataclass
-class PolicyEngine:
-    """The DeepSpeed engine of one rank, the HF model inside it and the optimizer DeepSpeed wraps."""
+class TrainingParts:
+    """What one rank trains with (a record, not an engine): the DeepSpeed engine, the HF model inside it, the optimizer
+    DeepSpeed wraps and the learning-rate schedule."""
 
     engine: Any
     model: torch.nn.Module
@@ -155,7 +156,7 @@ class PolicyEngine:
     """ZeRO-3: transformers' handle that partitions weights while loading (kept alive with the engine)."""
 
 
-def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, total_updates: int) -> PolicyEngine:
+def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, total_updates: int) -> TrainingParts:
     """Load the agent's model and wrap it in DeepSpeed (ZeRO-3 partitions it while loading)."""
     import deepspeed
     from transformers import AutoModelForCausalLM
@@ -188,5 +189,5 @@ def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, total_updates: int
     scheduler = SkipAwareScheduler(_lr_scheduler(cfg, optimizer, total_updates), optimizer)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds_config, dist_init_required=False)
-    return PolicyEngine(engine=engine, model=engine.module, client_optimizer=optimizer, scheduler=scheduler,
+    return TrainingParts(engine=engine, model=engine.module, client_optimizer=optimizer, scheduler=scheduler,
                         hf_ds_config=hf_ds_config)
