@@ -144,7 +144,7 @@ def compare_with_reference(summary: Mapping[str, Any], reference: Mapping[str, A
     Returns ``{"status", "note", "source", "arm", "seeds", "agents"}``: ``status`` is ``"compared"``, or
     ``"no_reference"`` / ``"no_arm"`` / ``"other_agents"`` with ``note`` saying why; per agent (when compared) the
     run's final accuracy, the reference's mean, std, min, max, same-seed value, before-training accuracy, the
-    prediction interval and ``typical`` (the run's final accuracy inside it)."""
+    prediction interval (cut to [0, 1]) and ``typical`` (the run's final accuracy inside it)."""
     out: dict[str, Any] = {"status": "no_reference", "note": reason, "source": source, "arm": None, "seeds": [],
                            "agents": {}}
     if reference is None:
@@ -179,6 +179,8 @@ def compare_with_reference(summary: Mapping[str, Any], reference: Mapping[str, A
         ref = arm["agents"][name]
         finals = [float(v) for v in ref["final_by_seed"].values()]
         interval = prediction_interval(finals)
+        if interval is not None:                        # an accuracy lies in [0, 1]
+            interval = (max(0.0, interval[0]), min(1.0, interval[1]))
         value = float(entry["acc_final"])
         out["agents"][name] = {
             "run_final": value,

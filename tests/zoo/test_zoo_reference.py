@@ -93,6 +93,12 @@ def test_comparison_with_the_same_agents_and_arm():
     assert "outside the range expected of one run: b" in table
     assert "agents: a shipped aaaaaaaaaaaa, b shipped bbbbbbbbbbbb" in table
     assert compare_with_reference(_summary(seed=9), _reference())["agents"]["a"]["ref_same_seed"] is None
+    # a spread wider than the mean: the interval is cut at accuracy 0
+    wide = _reference()
+    wide["arms"]["hacpo"]["agents"]["a"]["final_by_seed"] = {"0": 0.0, "1": 0.2, "2": 0.01, "3": 0.15, "4": 0.04}
+    low, high = compare_with_reference(_summary(), wide)["agents"]["a"]["interval"]
+    assert low == 0.0 and high == pytest.approx(0.08 + 2.7764451051977987 * statistics.stdev(
+        [0.0, 0.2, 0.01, 0.15, 0.04]) * math.sqrt(1.2))
 
 
 def test_comparison_refused_for_other_agents_or_arms():
