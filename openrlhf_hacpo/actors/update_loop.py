@@ -139,6 +139,8 @@ class UpdateLoop:
             stats.add("policy/foreign_ratio_median", float(foreign_s.median()), float(foreign_s.numel()))
         stats.add("lr", lrs[-1] if lrs else 0.0, 1.0)
         self._record_work(work, stats)
+        if self.device.type == "cuda":  # this rank's peak so far (ranks' peaks are averaged when merged)
+            stats.add("perf/cuda_max_allocated_gib", torch.cuda.max_memory_allocated(self.device) / 2**30, 1.0)
         return RankTrainResult(metrics=stats.state(), skipped_updates=self.skipped_updates - skipped_before,
                                skipped_updates_total=self.skipped_updates, updates=len(plan),
                                timings=dict(timer.seconds))
