@@ -7,29 +7,15 @@ in the checkpoint, where they were.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-from stack_fixtures import worker_config
+from stack_fixtures import init_gloo_world, worker_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
 
 BASE_LR = 1e-3
-
-
-def _init_gloo_world() -> None:
-    import deepspeed
-
-    if torch.distributed.is_initialized():
-        assert torch.distributed.get_world_size() == 1
-        return
-    from openrlhf_hacpo.utils.network import free_port
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
 
 
 def _update(built, ids: torch.Tensor, skip: bool) -> None:
@@ -51,7 +37,7 @@ def _lr(built) -> float:
 def test_a_skipped_update_leaves_the_schedule_where_it_was(stage, bf16_tied_agent, tmp_path):
     from openrlhf_hacpo.actors.deepspeed_setup import build_policy_engine
 
-    _init_gloo_world()
+    init_gloo_world()
     cfg = worker_config(bf16_tied_agent, tmp_path, "--zero_stage", stage, "--lr_scheduler", "constant_with_warmup",
                         "--lr_warmup_steps", "4", "--actor_learning_rate", str(BASE_LR))
     built = build_policy_engine(cfg, cfg.resolved_agents()[0], total_updates=8)

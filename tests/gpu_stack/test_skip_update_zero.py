@@ -8,27 +8,14 @@ The engine runs in this process on gloo (world size 1); the caller protocol is t
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
 from openrlhf_hacpo.actors.deepspeed_setup import SkippableAdamW
+from stack_fixtures import init_gloo_world
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
-
-
-def _init_gloo_world() -> None:
-    import deepspeed
-
-    if torch.distributed.is_initialized():
-        assert torch.distributed.get_world_size() == 1
-        return
-    from openrlhf_hacpo.utils.network import free_port
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-                      LOCAL_RANK="0")
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
 
 
 def _engine(stage: int):
@@ -77,7 +64,7 @@ def _update(engine, optimizer, x: torch.Tensor, skip: bool) -> None:
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_skipped_update_at_step_three_moves_nothing(stage, monkeypatch):
-    _init_gloo_world()
+    init_gloo_world()
     engine, optimizer = _engine(stage)
     calls = []
     original_step = SkippableAdamW.step
