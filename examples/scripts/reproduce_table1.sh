@@ -89,7 +89,7 @@ done
 case "$SHARE_BASELINES" in 0|1) ;; *) echo "reproduce_table1.sh: SHARE_BASELINES must be 0 or 1" >&2; exit 2 ;; esac
 if [[ "$SCALE" == small ]]; then
     # the two small models (converted / built once, then cached); train_table1.sh reads them from the environment
-    SMALL_MODELS=$(python3 -m openrlhf_hacpo.reproduce.small models)
+    SMALL_MODELS=$(python3 -m openrlhf_hacpo.cli.reproduce_small models)
     MODEL_A=$(sed -n 1p <<< "$SMALL_MODELS")
     MODEL_B=$(sed -n 2p <<< "$SMALL_MODELS")
     export MODEL_A MODEL_B
@@ -107,7 +107,7 @@ prepare() {
         python3 -m openrlhf_hacpo.cli.prepare --output_dir "$DATA_DIR" "${PREPARE_EXTRA[@]}"
     else
         python3 -m openrlhf_hacpo.cli.prepare --sets champ --output_dir "$DATA_DIR" "${PREPARE_EXTRA[@]}"
-        python3 -m openrlhf_hacpo.reproduce.small subset --input "$DATA_DIR/champ.jsonl" \
+        python3 -m openrlhf_hacpo.cli.reproduce_small subset --input "$DATA_DIR/champ.jsonl" \
             --output "$DATA_DIR/champ_small.jsonl" --models "$MODEL_A" "$MODEL_B" \
             --prompt_max_len "$SMALL_PROMPT_MAX_LEN" --max_rows 2
     fi

@@ -69,7 +69,7 @@ case "$PAIR" in
     small)
         [[ "$SCALE" == small ]] || { echo "train_table1.sh: pair 'small' needs SCALE=small" >&2; exit 2; }
         [[ -n "${MODEL_A:-}" && -n "${MODEL_B:-}" ]] || {
-            echo "train_table1.sh: pair 'small' needs MODEL_A and MODEL_B (python -m openrlhf_hacpo.reproduce.small" \
+            echo "train_table1.sh: pair 'small' needs MODEL_A and MODEL_B (python -m openrlhf_hacpo.cli.reproduce_small" \
                  "models prints them)" >&2; exit 2; }
         AGENT_A=SmolLM2-135M-Instruct
         AGENT_B=qwenS ;;

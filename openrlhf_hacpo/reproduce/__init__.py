@@ -14,5 +14,7 @@
 * :mod:`~openrlhf_hacpo.reproduce.table`: reproduced values next to the paper's, as markdown and a plot;
 * :mod:`~openrlhf_hacpo.reproduce.run_state`: whether ``reproduce_table1.sh`` continues, restarts or starts a run;
 * :mod:`~openrlhf_hacpo.reproduce.share`: one trained single-agent baseline filed under a second pair;
-* :mod:`~openrlhf_hacpo.reproduce.small`: the small-scale mode's models and prompts (SmolLM2 + a zoo agent, CHAMP).
+
+The small-scale mode's models and prompts (SmolLM2 + a zoo agent, CHAMP) live in
+:mod:`openrlhf_hacpo.cli.reproduce_small`, since they join this package with the zoo.
 """

