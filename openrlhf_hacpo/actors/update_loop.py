@@ -31,6 +31,7 @@ counts them.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -402,13 +403,13 @@ class UpdateLoop:
         if not bool(torch.isfinite(logp[mask > 0]).all()):
             return None
         has_grad = torch.zeros(len(micro), dtype=torch.bool, device=logp.device)
+        foreign_params = _without_kl(params)
         for shift in (0.0, SKIP_MARGIN, -SKIP_MARGIN):
             with torch.enable_grad():
                 probe = (logp.detach() + shift).requires_grad_(True)
                 inp = micro.loss_input(probe, m, totals, token_level=False)
-                loss_cfg = self.cfg.algo.loss
-                out = self.loss_fn(inp, loss_cfg, backend=self.cfg.kernel_backend,
-                                   params=_without_kl(params), check=False)
+                out = self.loss_fn(inp, self.cfg.algo.loss, backend=self.cfg.kernel_backend,
+                                   params=foreign_params, check=False)
                 (grad,) = torch.autograd.grad(out.loss, probe)
             has_grad |= (grad * mask != 0).any(dim=1)
         return has_grad
@@ -455,8 +456,6 @@ class UpdateLoop:
 
 def _select_micro(micro: MicroBatch, rows: list[int]) -> MicroBatch:
     """The micro-batch restricted to ``rows`` (loss columns and model inputs sliced alike)."""
-    import dataclasses
-
     index = torch.tensor(rows, dtype=torch.long, device=micro.is_own.device)
     packed = type(micro.packed)(**{f.name: getattr(micro.packed, f.name)[index]
                                    for f in dataclasses.fields(micro.packed)})
@@ -467,8 +466,6 @@ def _select_micro(micro: MicroBatch, rows: list[int]) -> MicroBatch:
 
 def _without_kl(params: Any) -> Any:
     """The loss parameters without the KL term (the probe scores foreign rows, which carry no KL)."""
-    import dataclasses
-
     return dataclasses.replace(params, kl_coef=0.0) if params.kl_coef else params
 
 
