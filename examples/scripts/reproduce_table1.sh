@@ -89,9 +89,11 @@ done
 case "$SHARE_BASELINES" in 0|1) ;; *) echo "reproduce_table1.sh: SHARE_BASELINES must be 0 or 1" >&2; exit 2 ;; esac
 if [[ "$SCALE" == small ]]; then
     # the two small models (converted / built once, then cached); train_table1.sh reads them from the environment
-    SMALL_MODELS=$(python3 -m openrlhf_hacpo.cli.reproduce_small models)
-    MODEL_A=$(sed -n 1p <<< "$SMALL_MODELS")
-    MODEL_B=$(sed -n 2p <<< "$SMALL_MODELS")
+    # (read from a file: the build imports libraries that may print to stdout on a fresh machine)
+    mkdir -p "$DATA_DIR"
+    python3 -m openrlhf_hacpo.cli.reproduce_small models --output "$DATA_DIR/small_models.txt"
+    MODEL_A=$(sed -n 1p "$DATA_DIR/small_models.txt")
+    MODEL_B=$(sed -n 2p "$DATA_DIR/small_models.txt")
     export MODEL_A MODEL_B
 fi
 for pair in $PAIRS; do models_of "$pair" > /dev/null; done

@@ -11,7 +11,7 @@ offline, in minutes. This module supplies its two inputs:
   128-position models (8 of the 270 fit 112 tokens), so the small mode trains and evaluates on this subset; the rows
   are copied unchanged (same ``prompt_id``, ``label`` and ``data_source``).
 
-    python -m openrlhf_hacpo.cli.reproduce_small models                       # prints the two model folders
+    python -m openrlhf_hacpo.cli.reproduce_small models --output D/models.txt # the two model folders, one per line
     python -m openrlhf_hacpo.cli.reproduce_small subset --input D/champ.jsonl --output D/champ_small.jsonl \\
         --models A B --prompt_max_len 112 --max_rows 4
 
@@ -103,7 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m openrlhf_hacpo.cli.reproduce_small",
                                 description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    sub.add_parser("models", help="print the SmolLM2 folder and the zoo agent's folder, one per line")
+    m = sub.add_parser("models", help="the SmolLM2 folder and the zoo agent's folder, one per line")
+    m.add_argument("--output", default=None,
+                   help="write the two lines to this file (atomically) instead of stdout: libraries that the build "
+                        "imports may print to stdout, so a shell that captures the folders reads the file")
     s = sub.add_parser("subset", help="the rows of a prepared file that fit every model")
     s.add_argument("--input", required=True)
     s.add_argument("--output", required=True)
@@ -113,7 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         if args.command == "models":
-            print("\n".join(str(m) for m in small_models(progress=True)))
+            folders = "".join(f"{m}\n" for m in small_models(progress=True))
+            if args.output is None:
+                sys.stdout.write(folders)
+            else:
+                atomic_write_text(Path(args.output), folders)
         else:
             n = write_subset(args.input, args.output, args.models, args.prompt_max_len, args.max_rows)
             print(f"[small] {args.output}: {n} rows of {args.input}", file=sys.stderr)

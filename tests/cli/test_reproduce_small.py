@@ -46,3 +46,20 @@ def test_no_fitting_row_is_an_error_naming_the_limit(tmp_path, tiny_agents, caps
                  tiny_agents["qwen"], "--prompt_max_len", "1"]) == 2
     assert "small: error: no prompt of" in capsys.readouterr().err
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_models_output_file_holds_only_the_two_folders(tmp_path, monkeypatch, capsys):
+    """A fresh machine's first DeepSpeed import prints a warning to stdout while the zoo agent builds; the file the
+    launcher reads holds the two folders and nothing else."""
+    import openrlhf_hacpo.cli.reproduce_small as small
+
+    def noisy_build(progress=False):
+        print("[WARNING] [real_accelerator.py:199:get_accelerator] Setting accelerator to CPU.")
+        return tmp_path / "smollm2", tmp_path / "qwenS"
+
+    monkeypatch.setattr(small, "small_models", noisy_build)
+    out = tmp_path / "data" / "models.txt"
+    out.parent.mkdir()
+    assert main(["models", "--output", str(out)]) == 0
+    assert out.read_text().splitlines() == [str(tmp_path / "smollm2"), str(tmp_path / "qwenS")]
+    assert "Setting accelerator" in capsys.readouterr().out
