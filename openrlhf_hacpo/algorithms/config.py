@@ -2,8 +2,10 @@
 
 Defaults follow the official HACPO code (docs/algorithm.md §5), not the paper text, wherever the two differ; every
 paper variant is reachable through a field (see ``docs/algorithm.md`` for the list). Each dataclass validates
-itself in ``__post_init__`` and raises ``ValueError`` naming the offending field. Fields with a ``train_hacpo`` flag
-carry it in their metadata (:func:`~openrlhf_hacpo.utils.options.option`).
+itself in ``__post_init__`` and raises ``ValueError`` naming the offending field (and its ``train_hacpo`` flag, where
+it has one). A field's flag and allowed values (choices, range) are declared with it
+(:func:`~openrlhf_hacpo.utils.options.option`) and checked by :func:`~openrlhf_hacpo.utils.options.check_fields`;
+``validate`` adds only the rules that tie several fields together.
 """
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ from hacpo_kernels.hacpo_loss import (
     check_loss_params,
     cross_clip_lower_bound,
 )
-from openrlhf_hacpo.utils.checks import check_bool, check_choice, check_int, check_real, fail
-from openrlhf_hacpo.utils.options import field_label, option
+from openrlhf_hacpo.utils.checks import check_bool, check_choice, fail
+from openrlhf_hacpo.utils.options import check_fields, field_label, option
 
 ALGORITHMS = ("hacpo", "gspo", "grpo", "naive")
 """Policy-loss families; each is also the name of a registered policy loss."""
@@ -75,25 +77,23 @@ class CapabilityConfig:
 
     metric: str = option("positive_rate", flag="--capability_metric", choices=CAPABILITY_METRICS,
                          help="per-step capability")
-    window: int = option(5, flag="--capability_window", help="K, steps averaged in the capability estimate (eq. 9)")
-    floor: float = 1e-8
-    ratio_min: float = option(0.1, flag="--capability_ratio_min", help="capability ratios are clipped to [min, max]")
-    ratio_max: float = option(10.0, flag="--capability_ratio_max", help="upper clip of the capability ratios")
-    warmup_steps: int = option(0, flag="--capability_warmup_steps", help="steps with every capability ratio 1")
+    window: int = option(5, flag="--capability_window", ge=1,
+                         help="K, steps averaged in the capability estimate (eq. 9)")
+    floor: float = option(1e-8, gt=0)
+    ratio_min: float = option(0.1, flag="--capability_ratio_min", ge=0,
+                              help="capability ratios are clipped to [min, max]")
+    ratio_max: float = option(10.0, flag="--capability_ratio_max", gt=0, allow_inf=True,
+                              help="upper clip of the capability ratios")
+    warmup_steps: int = option(0, flag="--capability_warmup_steps", ge=0, help="steps with every capability ratio 1")
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
         owner = type(self).__name__
-        check_choice(f"{owner}.metric", self.metric, CAPABILITY_METRICS)
-        check_int(f"{owner}.window", self.window, 1)
-        check_real(f"{owner}.floor", self.floor, low=0, low_open=True)
-        check_real(f"{owner}.ratio_min", self.ratio_min, low=0)
-        check_real(f"{owner}.ratio_max", self.ratio_max, allow_inf=True)
-        if self.ratio_max < self.ratio_min or self.ratio_max <= 0:
-            fail(f"{owner}.ratio_max", f"> 0 and >= ratio_min ({self.ratio_min})", self.ratio_max)
-        check_int(f"{owner}.warmup_steps", self.warmup_steps, 0)
+        check_fields(self, owner)
+        if self.ratio_max < self.ratio_min:
+            fail(_label(self, "ratio_max"), f"> 0 and >= ratio_min ({self.ratio_min})", self.ratio_max)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "CapabilityConfig":
@@ -121,9 +121,9 @@ class AdvantageConfig:
     capability_weighting: bool = option(True, flag="--no_capability_advantage", only_for="shared_rollouts",
                                         help="plain joint-group mean baseline instead of the capability-weighted one "
                                         "(eq. 7)")
-    scope: str = "joint"
+    scope: str = option("joint", choices=ADVANTAGE_SCOPES)
     std_normalize: bool = True
-    eps: float = 1e-6
+    eps: float = option(1e-6, ge=0)
     uniform_reward_guard: bool = True
     baseline_guard: bool = True
     baseline_guard_threshold: float = 1.0
@@ -133,13 +133,8 @@ class AdvantageConfig:
         self.validate()
 
     def validate(self) -> None:
-        owner = type(self).__name__
-        for name in ("capability_weighting", "std_normalize", "uniform_reward_guard", "baseline_guard",
-                     "require_equal_group_sizes"):
-            check_bool(f"{owner}.{name}", getattr(self, name))
-        check_choice(f"{owner}.scope", self.scope, ADVANTAGE_SCOPES)
-        check_real(f"{owner}.eps", self.eps, low=0)
-        check_real(f"{owner}.baseline_guard_threshold", self.baseline_guard_threshold)
+        # every rule is a single field's (its annotation, choices and range), so the one walk covers them all
+        check_fields(self, type(self).__name__)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "AdvantageConfig":

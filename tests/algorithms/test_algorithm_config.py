@@ -2,6 +2,7 @@
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 
@@ -44,12 +45,15 @@ def test_defaults_are_the_official_code_defaults():
         (lambda: PolicyLossConfig(dual_clip_c=1.0), r"--dual_clip_c \(PolicyLossConfig\.dual_clip_c\) must be > 1"),
         (lambda: PolicyLossConfig(stepwise=1), r"PolicyLossConfig\.stepwise\)? must be a bool"),
         (lambda: PolicyLossConfig(kl_coef=-0.1), r"PolicyLossConfig\.kl_coef\)? must be >= 0"),
-        (lambda: CapabilityConfig(window=0), r"CapabilityConfig\.window must be >= 1, got 0"),
-        (lambda: CapabilityConfig(metric="accuracy"), r"CapabilityConfig\.metric must be one of"),
+        (lambda: CapabilityConfig(window=0), r"--capability_window \(CapabilityConfig\.window\) must be >= 1, got 0"),
+        (lambda: CapabilityConfig(metric="accuracy"), r"--capability_metric \(CapabilityConfig\.metric\) must be one of"),
         (lambda: CapabilityConfig(floor=0.0), r"CapabilityConfig\.floor must be > 0"),
-        (lambda: CapabilityConfig(ratio_min=-1.0), r"CapabilityConfig\.ratio_min must be >= 0"),
-        (lambda: CapabilityConfig(ratio_max=0.05), r"CapabilityConfig\.ratio_max must be > 0 and >= ratio_min"),
-        (lambda: CapabilityConfig(warmup_steps=-1), r"CapabilityConfig\.warmup_steps must be >= 0"),
+        (lambda: CapabilityConfig(ratio_min=-1.0),
+         r"--capability_ratio_min \(CapabilityConfig\.ratio_min\) must be >= 0"),
+        (lambda: CapabilityConfig(ratio_max=0.05),
+         r"--capability_ratio_max \(CapabilityConfig\.ratio_max\) must be > 0 and >= ratio_min"),
+        (lambda: CapabilityConfig(warmup_steps=-1),
+         r"--capability_warmup_steps \(CapabilityConfig\.warmup_steps\) must be >= 0"),
         (lambda: AdvantageConfig(scope="all"), r"AdvantageConfig\.scope must be one of \['joint', 'own'\]"),
         (lambda: AdvantageConfig(eps=-1e-6), r"AdvantageConfig\.eps must be >= 0"),
         (lambda: AdvantageConfig(baseline_guard="yes"), r"AdvantageConfig\.baseline_guard must be a bool"),
@@ -60,6 +64,72 @@ def test_defaults_are_the_official_code_defaults():
 def test_validation_names_the_field(factory, match):
     with pytest.raises(ValueError, match=match):
         factory()
+
+
+# every field of CapabilityConfig and AdvantageConfig with a value its rule refuses, and how the error names it: each
+# case fails if that field's rule (option metadata, annotation or cross-field rule) were dropped
+_CAP = "CapabilityConfig"
+_ADV = "AdvantageConfig"
+
+
+@pytest.mark.parametrize(
+    "cls, name, value, label, rule",
+    [
+        (CapabilityConfig, "metric", "accuracy", f"--capability_metric ({_CAP}.metric)",
+         "one of ['positive_rate', 'mean_reward']"),
+        (CapabilityConfig, "metric", "", f"--capability_metric ({_CAP}.metric)", "a non-empty string"),
+        (CapabilityConfig, "window", 0, f"--capability_window ({_CAP}.window)", ">= 1"),
+        (CapabilityConfig, "window", 2.0, f"--capability_window ({_CAP}.window)", "an int"),
+        (CapabilityConfig, "window", True, f"--capability_window ({_CAP}.window)", "an int"),
+        (CapabilityConfig, "floor", 0.0, f"{_CAP}.floor", "> 0"),
+        (CapabilityConfig, "floor", -1e-8, f"{_CAP}.floor", "> 0"),
+        (CapabilityConfig, "floor", math.inf, f"{_CAP}.floor", "a finite number"),
+        (CapabilityConfig, "ratio_min", -0.5, f"--capability_ratio_min ({_CAP}.ratio_min)", ">= 0"),
+        (CapabilityConfig, "ratio_min", math.nan, f"--capability_ratio_min ({_CAP}.ratio_min)", "a finite number"),
+        (CapabilityConfig, "ratio_max", 0.0, f"--capability_ratio_max ({_CAP}.ratio_max)", "> 0"),
+        (CapabilityConfig, "ratio_max", 0.05, f"--capability_ratio_max ({_CAP}.ratio_max)",
+         "> 0 and >= ratio_min (0.1)"),
+        (CapabilityConfig, "ratio_max", math.nan, f"--capability_ratio_max ({_CAP}.ratio_max)", "a number"),
+        (CapabilityConfig, "warmup_steps", -1, f"--capability_warmup_steps ({_CAP}.warmup_steps)", ">= 0"),
+        (CapabilityConfig, "warmup_steps", None, f"--capability_warmup_steps ({_CAP}.warmup_steps)", "an int"),
+        (AdvantageConfig, "capability_weighting", 1,
+         f"--no_capability_advantage ({_ADV}.capability_weighting)", "a bool"),
+        (AdvantageConfig, "scope", "all", f"{_ADV}.scope", "one of ['joint', 'own']"),
+        (AdvantageConfig, "std_normalize", "no", f"{_ADV}.std_normalize", "a bool"),
+        (AdvantageConfig, "eps", -1e-6, f"{_ADV}.eps", ">= 0"),
+        (AdvantageConfig, "eps", math.inf, f"{_ADV}.eps", "a finite number"),
+        (AdvantageConfig, "uniform_reward_guard", 0, f"{_ADV}.uniform_reward_guard", "a bool"),
+        (AdvantageConfig, "baseline_guard", "yes", f"{_ADV}.baseline_guard", "a bool"),
+        (AdvantageConfig, "baseline_guard_threshold", math.nan, f"{_ADV}.baseline_guard_threshold",
+         "a finite number"),
+        (AdvantageConfig, "baseline_guard_threshold", "1", f"{_ADV}.baseline_guard_threshold", "a finite number"),
+        (AdvantageConfig, "require_equal_group_sizes", None, f"{_ADV}.require_equal_group_sizes", "a bool"),
+    ],
+)
+def test_capability_and_advantage_fields_refuse_values_out_of_their_rules(cls, name, value, label, rule):
+    message = f"{label} must be {rule}, got {value!r}"
+    with pytest.raises(ValueError) as built:
+        cls(**{name: value})
+    assert str(built.value) == message
+    # validate() checks the same rules on an object changed after it was built
+    cfg = cls()
+    setattr(cfg, name, value)
+    with pytest.raises(ValueError) as checked:
+        cfg.validate()
+    assert str(checked.value) == message
+    # and so does the whole algorithm config holding it
+    section = {CapabilityConfig: "capability", AdvantageConfig: "advantage"}[cls]
+    algo = HACPOConfig()
+    setattr(getattr(algo, section), name, value)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        algo.validate()
+
+
+def test_capability_ratio_bounds_at_their_edges_are_accepted():
+    assert CapabilityConfig(ratio_min=0.0, ratio_max=math.inf).ratio_max == math.inf
+    assert CapabilityConfig(ratio_min=2.0, ratio_max=2.0).ratio_max == 2.0
+    assert CapabilityConfig(window=1, warmup_steps=0, floor=1e-30).window == 1
+    assert AdvantageConfig(eps=0.0, baseline_guard_threshold=-3.0).eps == 0.0
 
 
 def test_validation_runs_on_replace():
