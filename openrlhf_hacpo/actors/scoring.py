@@ -92,7 +92,7 @@ class RolloutScorer:
             record = prompts[out.prompt_index]
             trajs.append(make_trajectory(
                 prompt_id=record.prompt_id, prompt=record.prompt, label=record.label, source=self.agent_index,
-                step=step, token_ids=out.response_token_ids, token_logps=logp.tolist(),  # stored as JSON-able lists
+                step=step, token_ids=out.response_token_ids, token_logps=logp,  # kept as the float32 tensor
                 eos_token_id=self.eos_token_ids,
                 eos_policy=cfg.eos_policy, tokenizer=self.tokenizer, finish_reason=out.finish_reason,
                 metadata={"prompt_text": rendered.texts[out.prompt_index], "sample_index": out.sample_index},

@@ -141,7 +141,9 @@ class LearnerRow:
     source: int
     reward: float
     old_logp_mean: float
-    old_logp: Any  # own rows: float32 tensor of per-token old log-probs aligned with response_ids; else None
+    # own rows: float32 tensor of per-token old log-probs aligned with response_ids (a view of the trajectory's
+    # source_logp, shared: never modified in place); foreign rows and trajectories without per-token values: None
+    old_logp: Any
     prompt_truncated: bool = False
     response_truncated: bool = False
     source_num_tokens: int = 0  # the response's length in its source agent's tokens (L_j)
@@ -176,8 +178,6 @@ def build_learner_batch(
         eos_token_id: the learner's EOS id for foreign rows (``"keep"`` policy, empty responses); defaults to
             ``tokenizer.eos_token_id``.
     """
-    import torch
-
     cfg = cfg or LearnerViewConfig()
     trajs = list(trajs)
     learner_eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
@@ -202,8 +202,9 @@ def build_learner_batch(
         is_own = traj.source == learner
         if is_own:
             response_ids = traj.action_token_ids()
-            logps = traj.action_logp()
-            old_logp = torch.tensor(logps, dtype=torch.float32) if logps else None  # the JSON boundary
+            old_logp = traj.action_logp()  # the scorer's float32 values, not copied
+            if not len(old_logp):
+                old_logp = None
         else:
             response_ids = next(foreign_ids)
             old_logp = None

@@ -3,6 +3,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from openrlhf_hacpo.rollout import RolloutStore, Trajectory, apply_eos_policy, make_trajectory
 
@@ -34,14 +35,14 @@ def test_make_trajectory_summaries_follow_the_policy():
     assert t.finished and t.source_num_tokens == 3
     assert t.source_logp_sum == pytest.approx(-3.0) and t.old_logp_mean == pytest.approx(-1.0)
     assert t.source_token_ids == [1, 2, 3, EOS] and t.action_token_ids() == [1, 2, 3]
-    assert t.action_logp() == [-0.5, -1.0, -1.5]
+    assert t.action_logp().tolist() == [-0.5, -1.0, -1.5] and t.action_logp().dtype == torch.float32
     k = make([1, 2, 3, EOS], [-0.5, -1.0, -1.5, -7.0], policy="keep")
     assert k.source_num_tokens == 4 and k.old_logp_mean == pytest.approx(-10.0 / 4)
     u = make([1, 2, 3], [-0.5, -1.0, -1.5])
     assert not u.finished and u.source_num_tokens == 3 and u.truncated and not t.truncated
     assert not make([1, 2, 3], [-0.5, -1.0, -1.5], finish_reason="stop").truncated  # e.g. a stop string
     slim = make([1, 2, EOS], [-1.0, -1.0, -5.0], keep_token_logps=False)
-    assert slim.source_logp == [] and slim.action_logp() == [] and slim.source_logp_sum == pytest.approx(-2.0)
+    assert len(slim.source_logp) == 0 and len(slim.action_logp()) == 0 and slim.source_logp_sum == pytest.approx(-2.0)
 
 
 def test_make_trajectory_decodes_without_eos():
