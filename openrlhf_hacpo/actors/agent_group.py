@@ -15,6 +15,7 @@ engines' outputs inside Ray), so its pending is one level too. A worker that die
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from dataclasses import replace
@@ -29,6 +30,7 @@ from openrlhf_hacpo.algorithms import CapabilityRatios
 from openrlhf_hacpo.actors.sharding import reindex, shard_sampling, split_shards
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
+from openrlhf_hacpo.utils.timing import PhaseTimer
 
 __all__ = ["AgentGroup", "AgentPhaseTimeout", "AgentWorkerDied", "Pending"]
 
@@ -244,9 +246,12 @@ class AgentGroup:
 
         Both phases start now: each scoring call takes the engines' results as Ray arguments, so it runs as soon as
         they exist (sleeping engines are put back to sleep first: the scoring call waits for that too) and the
-        agents' phases overlap however the driver waits. ``generate_s`` is measured to the end of generation.
+        agents' phases overlap however the driver waits. The ``generate`` phase runs from the rendering to the engines'
+        outputs (read when the driver waits for them); the ranks' results bring their ``scoring``.
         """
-        t0 = time.perf_counter()
+        timer = PhaseTimer()
+        generating = contextlib.ExitStack()  # holds the generate phase open until the engines' outputs are in
+        generating.enter_context(timer.phase("generate"))
         rendered = self._call(self.policies[:1], PolicyWorker.render, [(list(prompts),)], "policy",
                               lambda v: v[0]).result()
         indices = list(range(len(prompts)))
@@ -256,7 +261,7 @@ class AgentGroup:
         generation = self._call(engines, _engine_class().generate,
                                 [([rendered.ids[i] for i in shard], shard_sampling(sampling, e))
                                  for e, shard in enumerate(engine_shards)], "vLLM engine",
-                                lambda outputs: time.perf_counter() - t0)
+                                lambda outputs: generating.close())
         outputs = generation.parts
         if self._engines_sleep:  # engines sleep before the (colocated) policies score
             outputs = self._after_sleep(engines, outputs)
@@ -265,8 +270,9 @@ class AgentGroup:
                 for shard in shards]
         scoring = self._call(self.policies, PolicyWorker.score_engine_outputs, args, "policy", RolloutResult.combine)
 
-        def combine(parts: list[RolloutResult], generate_s: float) -> RolloutResult:
-            return replace(scoring.combine(parts), generate_s=generate_s)
+        def combine(parts: list[RolloutResult], _: None) -> RolloutResult:
+            combined = scoring.combine(parts)
+            return replace(combined, timings={**combined.timings, **timer.seconds})
 
         return Pending(self, scoring.role, scoring.parts, combine, scoring.remote, scoring.method, after=generation)
 

@@ -14,8 +14,6 @@ Each agent's ranks form their own ``torch.distributed`` group, so agents never s
 from __future__ import annotations
 
 import functools
-
-import time
 from typing import Any, Sequence
 
 import torch
@@ -32,6 +30,7 @@ from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
 from openrlhf_hacpo.models.tokenizer import load_tokenizer
 from openrlhf_hacpo.rollout import Trajectory
 from openrlhf_hacpo.utils.network import free_port
+from openrlhf_hacpo.utils.timing import PhaseTimer
 
 __all__ = ["PolicyWorker", "policy_actor_class"]
 
@@ -121,13 +120,13 @@ class PolicyWorker:
         return self.hf_engine.generate(self.scorer.prompt_ids(prompts), sampling)
 
     def rollout(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> RolloutResult:
-        """Generate (``hf`` backend) and score own responses."""
-        t0 = time.perf_counter()
-        rendered = self.scorer.render(prompts)
-        outputs = self.hf_engine.generate(rendered.ids, sampling)
-        generate_s = time.perf_counter() - t0
-        trajs, logprob_s = self.scorer.trajectories(self.engine, prompts, rendered, outputs, step, self.device)
-        return RolloutResult(trajectories=tuple(trajs), generate_s=generate_s, logprob_s=logprob_s,
+        """Generate (``hf`` backend) and score own responses; times the ``generate`` and ``scoring`` phases."""
+        timer = PhaseTimer()
+        with timer.phase("generate"):
+            rendered = self.scorer.render(prompts)
+            outputs = self.hf_engine.generate(rendered.ids, sampling)
+        trajs = self.scorer.trajectories(self.engine, prompts, rendered, outputs, step, self.device, timer)
+        return RolloutResult(trajectories=tuple(trajs), timings=timer.seconds,
                              generated_tokens=sum(o.num_tokens for o in outputs))
 
     def render(self, prompts: Sequence[Any]) -> RenderedPrompts:
@@ -141,11 +140,13 @@ class PolicyWorker:
 
         ``shard`` holds the global indices of this rank's ``prompts`` (and of their ``rendered`` form); engine e
         sampled the prompts ``engine_shards[e]`` and returned ``engine_outputs[e]`` (Ray hands the engines' results
-        straight to this call). ``generate_s`` is the caller's to fill in (0 here).
+        straight to this call). Only the ``scoring`` phase is timed here: the agent group times the engines'
+        ``generate``.
         """
         outputs = outputs_for_shard(shard, engine_shards, engine_outputs)
-        trajs, logprob_s = self.scorer.trajectories(self.engine, prompts, rendered, outputs, step, self.device)
-        return RolloutResult(trajectories=tuple(trajs), generate_s=0.0, logprob_s=logprob_s,
+        timer = PhaseTimer()
+        trajs = self.scorer.trajectories(self.engine, prompts, rendered, outputs, step, self.device, timer)
+        return RolloutResult(trajectories=tuple(trajs), timings=timer.seconds,
                              generated_tokens=sum(o.num_tokens for o in outputs))
 
     # ------------------------------------------------------------------------------------------------ training

@@ -32,22 +32,24 @@ class WorkerInfo:
 class RolloutResult:
     """An agent's (or one rank's) sampled and scored trajectories of a step, with the phase's costs.
 
-    ``generate_s`` is the sampling time, ``logprob_s`` the old-log-prob recompute (the slowest rank's each);
+    ``timings`` holds the seconds of the rollout's phases (:class:`~openrlhf_hacpo.utils.timing.PhaseTimer`):
+    ``generate`` (prompt rendering and sampling) and ``scoring`` (the old-log-prob recompute that makes the
+    trajectories); once combined, the slowest rank's each. A phase a part did not run is absent: a rank that scores
+    the engines' responses has no ``generate`` (its agent group measures the engines' generation).
     ``generated_tokens`` counts the sampled response tokens.
     """
 
     trajectories: tuple[Trajectory, ...]
-    generate_s: float
-    logprob_s: float
+    timings: dict[str, float]
     generated_tokens: int
 
     @staticmethod
     def combine(parts: Sequence["RolloutResult"]) -> "RolloutResult":
-        """The ranks' results as one: trajectories in rank order, the slowest rank's times, the tokens summed."""
+        """The ranks' results as one: trajectories in rank order, the slowest rank's time per phase, the tokens
+        summed."""
         return RolloutResult(
             trajectories=tuple(t for p in parts for t in p.trajectories),
-            generate_s=max(p.generate_s for p in parts),
-            logprob_s=max(p.logprob_s for p in parts),
+            timings=slowest([p.timings for p in parts]),
             generated_tokens=sum(p.generated_tokens for p in parts),
         )
 

@@ -6,7 +6,6 @@ to ``prompt_max_len``) and as text (what reward functions read).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -15,6 +14,7 @@ from openrlhf_hacpo.engines.base import GenerationOutput
 from openrlhf_hacpo.models import score_logprobs
 from openrlhf_hacpo.rollout import LearnerViewConfig, Trajectory, make_trajectory, render_prompt_ids, render_prompt_text
 from openrlhf_hacpo.rollout.views import encode_prompt_text
+from openrlhf_hacpo.utils.timing import PhaseTimer
 
 __all__ = ["RenderedPrompts", "RolloutScorer", "view_config"]
 
@@ -74,27 +74,29 @@ class RolloutScorer:
         return RenderedPrompts(ids=ids, texts=texts)
 
     def trajectories(self, model: Any, prompts: Sequence[Any], rendered: RenderedPrompts,
-                     outputs: Sequence[GenerationOutput], step: int, device: Any) -> tuple[list[Trajectory], float]:
-        """Score ``outputs`` (own responses to ``prompts``) with ``model`` in eval mode; returns the trajectories
-        and the seconds the scoring took."""
+                     outputs: Sequence[GenerationOutput], step: int, device: Any,
+                     timer: PhaseTimer) -> list[Trajectory]:
+        """Score ``outputs`` (own responses to ``prompts``) with ``model`` in eval mode and return the trajectories;
+        the seconds this takes go to ``timer``'s ``scoring`` phase."""
         cfg = self.cfg
-        t0 = time.perf_counter()
-        model.eval()
-        try:
-            logps = score_logprobs(model, [rendered.ids[o.prompt_index] for o in outputs],
-                               [list(o.response_token_ids) for o in outputs], int(self.tokenizer.pad_token_id),
-                               cfg.temperature, cfg.micro_train_batch_size, device, path=cfg.logprob_path,
-                               backend=cfg.kernel_backend, group_by_length=cfg.length_grouping)
-        finally:
-            model.train()
-        trajs = []
-        for out, logp in zip(outputs, logps):
-            record = prompts[out.prompt_index]
-            trajs.append(make_trajectory(
-                prompt_id=record.prompt_id, prompt=record.prompt, label=record.label, source=self.agent_index,
-                step=step, token_ids=out.response_token_ids, token_logps=logp,  # kept as the float32 tensor
-                eos_token_id=self.eos_token_ids,
-                eos_policy=cfg.eos_policy, tokenizer=self.tokenizer, finish_reason=out.finish_reason,
-                metadata={"prompt_text": rendered.texts[out.prompt_index], "sample_index": out.sample_index},
-            ))
-        return trajs, time.perf_counter() - t0
+        with timer.phase("scoring"):
+            model.eval()
+            try:
+                logps = score_logprobs(model, [rendered.ids[o.prompt_index] for o in outputs],
+                                       [list(o.response_token_ids) for o in outputs],
+                                       int(self.tokenizer.pad_token_id), cfg.temperature, cfg.micro_train_batch_size,
+                                       device, path=cfg.logprob_path, backend=cfg.kernel_backend,
+                                       group_by_length=cfg.length_grouping)
+            finally:
+                model.train()
+            trajs = []
+            for out, logp in zip(outputs, logps):
+                record = prompts[out.prompt_index]
+                trajs.append(make_trajectory(
+                    prompt_id=record.prompt_id, prompt=record.prompt, label=record.label, source=self.agent_index,
+                    step=step, token_ids=out.response_token_ids, token_logps=logp,  # kept as the float32 tensor
+                    eos_token_id=self.eos_token_ids,
+                    eos_policy=cfg.eos_policy, tokenizer=self.tokenizer, finish_reason=out.finish_reason,
+                    metadata={"prompt_text": rendered.texts[out.prompt_index], "sample_index": out.sample_index},
+                ))
+        return trajs

@@ -18,10 +18,13 @@ from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult
 from openrlhf_hacpo.algorithms import CapabilityRatios, CapabilityStep
 from openrlhf_hacpo.rollout import Trajectory
 
-__all__ = ["LEARNER_PHASES", "agent_step_record"]
+__all__ = ["LEARNER_PHASES", "ROLLOUT_PHASES", "agent_step_record"]
 
 LEARNER_PHASES = ("view", "advantages", "reference", "probe", "update")
 """The parts of a learner's training step, timed by the update loop."""
+
+ROLLOUT_PHASES = ("generate", "scoring")
+"""The parts of an agent's rollout (:attr:`~openrlhf_hacpo.actors.results.RolloutResult.timings`)."""
 
 
 def agent_step_record(step: int, agent: int, agent_names: Sequence[str], summary: Mapping[str, float],
@@ -34,9 +37,10 @@ def agent_step_record(step: int, agent: int, agent_names: Sequence[str], summary
 
     ``phases`` holds the driver's seconds: ``rollout_phase``, ``reward``, ``capability``, ``train_phase``, ``step``.
     """
+    sampler = {name: float(rollout.timings.get(name, 0.0)) for name in ROLLOUT_PHASES}
     learner = {name: float(trained.timings.get(name, 0.0)) for name in LEARNER_PHASES}
-    busy_rollout = rollout.generate_s + rollout.logprob_s
-    wait = max(phases["rollout_phase"] - busy_rollout, 0.0) + max(phases["train_phase"] - sum(learner.values()), 0.0)
+    wait = (max(phases["rollout_phase"] - sum(sampler.values()), 0.0)
+            + max(phases["train_phase"] - sum(learner.values()), 0.0))
     rec: dict[str, Any] = {
         "step": step,
         "agent": agent_names[agent],
@@ -49,14 +53,13 @@ def agent_step_record(step: int, agent: int, agent_names: Sequence[str], summary
         "response/chars_mean": summary["response_chars_mean"],
         "response/finished_rate": summary["finished_rate"],
         "response/truncated_fraction": float(np.mean([t.finish_reason == "length" for t in own])),
-        "rollout/tokens_per_s": rollout.generated_tokens / max(rollout.generate_s, 1e-9),
+        "rollout/tokens_per_s": rollout.generated_tokens / max(sampler["generate"], 1e-9),
         "perf/tokens_generated": float(rollout.generated_tokens),
-        "time/generate": rollout.generate_s,
-        "time/scoring": rollout.logprob_s,
+        **{f"time/{name}": seconds for name, seconds in sampler.items()},
         "time/reward": phases["reward"],
         "time/capability": phases["capability"],
         **{f"time/{name}": seconds for name, seconds in learner.items()},
-        "time/logprob": rollout.logprob_s + learner["reference"],
+        "time/logprob": sampler["scoring"] + learner["reference"],
         "time/sync": sync_s,
         "time/wait": wait,
         "time/rollout_phase": phases["rollout_phase"],

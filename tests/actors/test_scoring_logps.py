@@ -16,6 +16,7 @@ from openrlhf_hacpo.actors.scoring import RenderedPrompts, RolloutScorer
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.engines.base import GenerationOutput
 from openrlhf_hacpo.rollout import LearnerViewConfig, RolloutStore, Trajectory, build_learner_batch
+from openrlhf_hacpo.utils.timing import PhaseTimer
 
 EOS = 3
 
@@ -70,10 +71,12 @@ def scored(tmp_path, monkeypatch):
     outputs = [GenerationOutput(0, 0, [4, 11, 6, EOS], "", True, "stop"),   # finished: EOS dropped from actions
                GenerationOutput(1, 0, [8, 2, 12, 13, 14], "", False, "length"),
                GenerationOutput(1, 1, [EOS], "", True, "stop")]                # EOS-only: one EOS action
-    trajs, seconds = scorer.trajectories(model, prompts, rendered, outputs, step=1, device=torch.device("cpu"))
+    timer = PhaseTimer()
+    trajs = scorer.trajectories(model, prompts, rendered, outputs, step=1, device=torch.device("cpu"), timer=timer)
     for t in trajs:
         t.reward = 1.0
-    assert seconds >= 0 and len(captured) == len(trajs) == 3
+    assert list(timer.seconds) == ["scoring"] and timer.seconds["scoring"] > 0
+    assert len(captured) == len(trajs) == 3
     return cfg, trajs, captured
 
 

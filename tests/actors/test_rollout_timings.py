@@ -1,0 +1,51 @@
+"""A policy rank's rollout times its two phases with one PhaseTimer: ``generate`` (rendering and sampling) and
+``scoring`` (the old-log-prob recompute); a rank that scores the engines' responses times ``scoring`` only."""
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+from openrlhf_hacpo.actors.policy import PolicyWorker
+from openrlhf_hacpo.actors.scoring import RenderedPrompts
+from openrlhf_hacpo.engines.base import GenerationOutput
+
+GENERATE_S = 0.2
+SCORE_S = 0.1
+
+
+class Scorer:
+    def render(self, prompts):
+        return RenderedPrompts(ids=[[1]] * len(prompts), texts=["q"] * len(prompts))
+
+    def trajectories(self, model, prompts, rendered, outputs, step, device, timer):
+        with timer.phase("scoring"):
+            time.sleep(SCORE_S)
+        return []
+
+
+class Engine:
+    def generate(self, prompt_ids, sampling):
+        time.sleep(GENERATE_S)
+        return [GenerationOutput(i, 0, [5, 6, 7], "", False, "length") for i in range(len(prompt_ids))]
+
+
+def worker() -> PolicyWorker:
+    w = PolicyWorker.__new__(PolicyWorker)
+    w.scorer, w.hf_engine, w.engine, w.device = Scorer(), Engine(), None, "cpu"
+    return w
+
+
+def test_rollout_times_generate_and_scoring_apart():
+    result = worker().rollout([SimpleNamespace(prompt="q")] * 2, SimpleNamespace(n=1), step=1)
+    assert set(result.timings) == {"generate", "scoring"}
+    assert GENERATE_S <= result.timings["generate"] < GENERATE_S + SCORE_S  # the scoring is not in it
+    assert SCORE_S <= result.timings["scoring"] < SCORE_S + GENERATE_S
+    assert result.generated_tokens == 6
+
+
+def test_scoring_engine_outputs_times_scoring_only():
+    outputs = [GenerationOutput(0, 0, [5, 6], "", True, "stop")]
+    result = worker().score_engine_outputs([SimpleNamespace(prompt="q")], RenderedPrompts([[1]], ["q"]), [0], [[0]],
+                                           1, outputs)
+    assert set(result.timings) == {"scoring"} and result.timings["scoring"] >= SCORE_S
+    assert result.generated_tokens == 2
