@@ -167,12 +167,13 @@ class UpdateLoop:
         return adv.advantages.float()
 
     def _check_batch(self, batch: LearnerBatch) -> None:
-        """The loss's input rules, checked once for the whole learner batch (the loss then runs unchecked)."""
+        """The loss's input rules, checked once for the whole learner batch (the loss then runs unchecked), on the
+        batch's columns: its token ids are not packed for this."""
         empty = [i for i, r in enumerate(batch.rows) if not r.response_ids]
         if empty:
             raise ValueError(f"agent {self.agent.name!r}: learner row {empty[0]} has no response tokens")
-        whole = batch.packed(self.pad_token_id)
-        check_policy_input(whole.loss_input(torch.zeros_like(whole.response_mask), 0, token_level=True))
+        whole = batch.whole_loss_input()
+        check_policy_input(whole)
         self.loss.check_rows(whole.is_own)
 
     def _plan_updates(self, batch: LearnerBatch, step: int) -> list[LearnerBatch]:

@@ -391,25 +391,45 @@ class LearnerBatch:
         return [self.select(range(i, min(i + size, len(self.rows)))) for i in range(0, len(self.rows), size)]
 
     # -------------------------------------------------------------------------------------------- tensors
-    def packed(self, pad_id: int, device: Any = None) -> "MicroBatch":
-        """The rows as one :class:`MicroBatch` for a forward and the loss (on ``device``)."""
+    def _loss_columns(self, width: int) -> dict[str, Any]:
+        """The loss's per-row columns, as a :class:`MicroBatch` holds them: ``advantages``, ``coef``,
+        ``old_logp_mean`` [N] float32, ``is_own`` [N] bool, ``old_logp`` [N, width] float32 (0 past a row's values)."""
         import torch
 
-        if not self.rows:
-            raise ValueError("LearnerBatch.packed: the batch is empty")
-        self._require_attached()
-        packed = pack_rows([r.prompt_ids for r in self.rows], [r.response_ids for r in self.rows], pad_id)
-        width = packed.response_ids.shape[1]
-        micro = MicroBatch(
-            packed=packed,
+        return dict(
             advantages=self.advantages.to(torch.float32),
             coef=self.coef.to(torch.float32),
             old_logp_mean=torch.tensor([r.old_logp_mean for r in self.rows], dtype=torch.float32),
             old_logp=pad_values([r.old_logp for r in self.rows], width),
             is_own=torch.tensor([r.is_own for r in self.rows], dtype=torch.bool),
-            row_index=self.row_index.clone(),
         )
+
+    def _require_rows(self, where: str) -> None:
+        if not self.rows:
+            raise ValueError(f"LearnerBatch.{where}: the batch is empty")
+        self._require_attached()
+
+    def packed(self, pad_id: int, device: Any = None) -> "MicroBatch":
+        """The rows as one :class:`MicroBatch` for a forward and the loss (on ``device``)."""
+        self._require_rows("packed")
+        packed = pack_rows([r.prompt_ids for r in self.rows], [r.response_ids for r in self.rows], pad_id)
+        micro = MicroBatch(packed=packed, row_index=self.row_index.clone(),
+                           **self._loss_columns(packed.response_ids.shape[1]))
         return micro if device is None else micro.to(device)
+
+    def whole_loss_input(self) -> PolicyLossInput:
+        """The whole batch as one :class:`~openrlhf_hacpo.algorithms.PolicyLossInput` built from its columns, without
+        packing the token ids: zero log-probs [N, R] (R = the longest response), the response mask (1 on each row's
+        response tokens), the per-row columns and the per-token old log-probs, the same values :meth:`packed` gives
+        the loss. What :func:`~openrlhf_hacpo.algorithms.losses.check_policy_input` checks once per learner batch."""
+        import torch
+
+        self._require_rows("whole_loss_input")
+        lengths = torch.tensor([len(r.response_ids) for r in self.rows], dtype=torch.long)
+        width = int(lengths.max())
+        mask = (torch.arange(width)[None, :] < lengths[:, None]).to(torch.float32)
+        return PolicyLossInput(logp=torch.zeros_like(mask), mask=mask, update_index=0,
+                               **self._loss_columns(width))
 
 
 @dataclass(frozen=True)

@@ -319,6 +319,32 @@ def test_packed_micro_batch_layout_by_hand():
     assert out.coef.tolist() == [1.0, 2.0]
 
 
+
+def test_whole_loss_input_holds_the_packed_loss_input_without_packing():
+    """The columns-only input of the whole batch is, value for value, what the packed batch gives the loss."""
+    rows = [
+        LearnerRow("a", [5, 6, 7], [8, 9], True, 0, 1.0, -0.5, torch.tensor([-0.25, -0.75])),
+        LearnerRow("b", [5], [4, 3, 2, 7], False, 1, 0.0, -1.5, None),
+        LearnerRow("c", [6, 6], [1], True, 0, 1.0, -1e39, torch.tensor([-3.0, float("nan")], dtype=torch.float64)),
+    ]
+    batch = LearnerBatch(learner=0, rows=rows)
+    batch.attach(torch.tensor([0.5, -0.5, 1e-50], dtype=torch.float64), torch.tensor([1.0, 2.0, 1.0],
+                                                                                    dtype=torch.float64))
+    whole = batch.whole_loss_input()
+    micro = batch.packed(pad_id=0)
+    packed = micro.loss_input(torch.zeros_like(micro.response_mask), 0, token_level=True)
+    for name in ("logp", "mask", "advantages", "old_logp_mean", "is_own", "coef", "old_logp"):
+        mine, theirs = getattr(whole, name), getattr(packed, name)
+        assert mine.dtype == theirs.dtype and mine.shape == theirs.shape, name
+        assert torch.equal(torch.nan_to_num(mine), torch.nan_to_num(theirs)), name
+        assert torch.equal(mine.isnan(), theirs.isnan()), name
+    assert (whole.update_index, whole.ref_logp, whole.totals) == (0, None, None)
+    assert whole.mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    with pytest.raises(ValueError, match=r"LearnerBatch.whole_loss_input: the batch is empty"):
+        LearnerBatch(learner=0, rows=[]).whole_loss_input()
+    with pytest.raises(ValueError, match=r"not attached"):
+        LearnerBatch(learner=0, rows=rows).whole_loss_input()
+
 def test_packed_logit_slice_matches_unpadded_bigram_logprobs():
     """A bigram 'model' (logits depend on the current token only): the documented slice of the padded forward
     gives the same response log-probs as scoring each unpadded sequence directly."""
