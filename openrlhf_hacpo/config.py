@@ -264,6 +264,9 @@ class TrainConfig:
     ckpt_path: str | None = _outputs(None, help="joint checkpoints [<save_path>/checkpoints]")
     save_steps: int = _outputs(-1, ge=1, also=(-1,), help="joint checkpoint every N steps (-1: only at the end)")
     max_ckpt_num: int = _outputs(3, ge=1, help="joint checkpoints kept")
+    save_final_checkpoint: bool = _outputs(
+        True, flag="--no_final_checkpoint", help="skip the joint checkpoint at the end of training (the HF checkpoints "
+        "are still written; the finished run cannot then be continued with --resume, nor extended with more steps)")
     save_hf: bool = _outputs(True, flag="--no_save_hf", help="skip the per-agent Hugging Face checkpoints")
     save_rollouts: bool = _outputs(False, help="write each step's trajectories as jsonl")
     resume: bool = _outputs(False, help="continue from the latest joint checkpoint")

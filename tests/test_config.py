@@ -39,7 +39,8 @@ def former_field_rules(c: TrainConfig) -> None:
     for name in ("drop_long_prompts", "apply_chat_template", "colocate_all_models", "bf16",
                  "gradient_checkpointing", "save_hf", "save_rollouts", "use_wandb", "progress_bar", "resume",
                  "use_ray", "eval_before_training", "allow_zero_lr", "resume_accept_mismatch", "overwrite",
-                 "skip_zero_grad_rows", "length_grouping"):  # the last two were added after the rules moved
+                 "skip_zero_grad_rows", "length_grouping",  # the last three were added after the rules moved
+                 "save_final_checkpoint"):
         check_bool(name, getattr(c, name))
     check_bool("enable_thinking", c.enable_thinking, allow_none=True)
     for name in ("prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size",
@@ -82,7 +83,8 @@ def former_field_rules(c: TrainConfig) -> None:
 PROBES = [None, True, False, -2, -1, 0, 1, 2, 3, 4, 0.0, 0.5, 1.0, 1.5, -0.5, 1e-8, math.nan, math.inf, -math.inf,
           "", "x", "cuda", "vllm", "drop", (0.9, 0.999), (0.0, 0.5), (0.9, 1.0), (-0.1, 0.5), (0.9,), [0.9, 0.99]]
 SWITCHES_NAMED_APART = {"use_ray": "--no_ray", "save_hf": "--no_save_hf", "progress_bar": "--no_progress_bar",
-                        "skip_zero_grad_rows": "--no_skip_zero_grad_rows", "length_grouping": "--no_length_grouping"}
+                        "skip_zero_grad_rows": "--no_skip_zero_grad_rows", "length_grouping": "--no_length_grouping",
+                        "save_final_checkpoint": "--no_final_checkpoint"}
 SCALAR_FIELDS = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("agents", "algo")]
 
 

@@ -35,7 +35,8 @@
 #   SCALE               paper [default]: the settings above. small: the same method flags on a CPU in minutes,
 #                       for reproduce_table1.sh's small mode: no Ray, transformers generate, ZeRO-0 fp32, 1 prompt
 #                       x G/4 rollouts per step, 2 rows per update (HACPO: 2 updates per step), 2 steps, prompts up
-#                       to 112 tokens
+#                       to 112 tokens, no joint checkpoint at the end (the HF checkpoints are what the pipeline
+#                       evaluates; a stopped run starts over)
 #
 # Start a Ray cluster first (`ray start --head --num-gpus 8`) or let the trainer start a local one.
 set -euo pipefail
@@ -126,7 +127,7 @@ else
     GENERATE_MAX_LEN=${GENERATE_MAX_LEN:-8}
     SCALE_FLAGS=(--no_ray --rollout_backend hf --reward_num_workers 0
                  --rollout_batch_size 1 --train_batch_size 2 --micro_train_batch_size 2 --prompt_max_len 112
-                 --zero_stage 0 --max_steps 2 --no_progress_bar)
+                 --zero_stage 0 --max_steps 2 --no_progress_bar --no_final_checkpoint)
 fi
 
 set -x

@@ -227,7 +227,8 @@ class HACPOController:
                 self.save_checkpoint()
         if self.evaluator is not None and (not self.eval_history or self.eval_history[-1][0]["step"] != self.step):
             self.evaluate()
-        if self.last_checkpoint is None or not self.last_checkpoint.name.endswith(f"step{self.step}"):
+        if cfg.save_final_checkpoint and (self.last_checkpoint is None
+                                          or not self.last_checkpoint.name.endswith(f"step{self.step}")):
             self.save_checkpoint()
         if cfg.save_hf:
             self.save_hf()

@@ -31,9 +31,11 @@ ADDED_FLAGS = {
     "no_skip_zero_grad_rows": "foreign rows with zero gradient leave the backward pass unless this is given: same "
                               "result, not fingerprinted",
     "no_length_grouping": "micro-batches grouped by length unless this is given: same result, not fingerprinted",
+    "no_final_checkpoint": "a joint checkpoint at the end unless this is given: an output choice, not fingerprinted",
 }
 """Flags added since the fixture was captured, each with its reason."""
-ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "length_grouping": True}
+ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "length_grouping": True,
+                "save_final_checkpoint": True}
 REMOVED_FIELDS = ("algo.loss.gspo_form",)  # read by no code: GSPO-token has the sequence form's value and gradient
 FINGERPRINTED = ("algo.loss.dual_clip_c",)
 

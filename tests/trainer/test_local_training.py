@@ -202,6 +202,17 @@ def test_resume_rejects_a_checkpoint_of_other_agents(tmp_path, tiny_agents, base
                       "--max_steps", "2", "--resume"))
 
 
+def test_no_final_checkpoint_writes_the_hf_checkpoints_only(tmp_path, tiny_agents, base_args):
+    """--no_final_checkpoint: a finished run leaves hf/<agent>/ and no joint checkpoint; by default the end of the
+    run is a joint checkpoint that --resume continues from."""
+    flags = ("--no_ray", *_agent(tiny_agents), "--train_batch_size", "8", "--max_steps", "1")
+    run(base_args(tmp_path / "skip", *flags, "--no_final_checkpoint"))
+    assert (tmp_path / "skip" / "hf" / "llama" / "config.json").is_file()
+    assert not (tmp_path / "skip" / "checkpoints").exists() or not any((tmp_path / "skip" / "checkpoints").iterdir())
+    run(base_args(tmp_path / "default", *flags, "--no_save_hf"))
+    assert (tmp_path / "default" / "checkpoints" / "latest").read_text().strip() == "global_step1"
+
+
 @pytest.mark.parametrize("kernel_backend", ["torch", "triton"])
 def test_worker_update_equals_a_hand_written_gspo_step(tmp_path, tiny_agents, base_args, prompt_file, kernel_backend):
     """The policy worker's GSPO update on its own rollouts (DeepSpeed ZeRO-2, two micro-batches) is one hand-written
