@@ -196,7 +196,10 @@ class TrainConfig:
     top_p: float = _rollout(1.0, gt=0, le=1, help="nucleus sampling mass")
     top_k: int = _rollout(-1, ge=1, also=(-1,), help="-1 disables")
     eos_policy: str = _rollout("drop", choices=EOS_POLICIES, help="drop: the terminal EOS is not trained (official "
-                               "v1 code); keep: it is an action")
+                               "v1 code); keep: it is an action, and foreign responses that finished end with the "
+                               "learner's EOS; text: it is an action, and learners re-tokenize foreign responses "
+                               "decoded with their special tokens, the source's EOS string included (official main "
+                               "code)")
     vllm_num_engines: int = _rollout(1, ge=0, help="engines per agent")
     vllm_tensor_parallel_size: int = _rollout(1, ge=1, help="tensor-parallel GPUs per engine")
     # None: chosen per device by openrlhf_hacpo.engines.settings (CPU: eager; GPU: CUDA graphs, 0.95 of a

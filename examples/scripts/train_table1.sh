@@ -19,7 +19,8 @@
 # follows which source"): 128 prompts x G rollouts per agent and step, 512 rows per update, lr 1e-6, KL 0.001 to the
 # initial policy, HACPO's capability window 5, responses up to 4096 tokens in training and in validation (the paper's
 # and both official launchers' training length; 8196 is the paper's evaluation length, used by cli.evaluate), the
-# final EOS trained (--eos_policy keep, the main branch that produced the paper's numbers), greedy validation on
+# final EOS trained and foreign responses re-tokenized with their EOS string (--eos_policy text, the main branch
+# that produced the paper's numbers), greedy validation on
 # MATH-500 every 3 steps and before the first one, a joint checkpoint every 10 steps.
 # Paths are variables; the defaults read what `python -m openrlhf_hacpo.cli.prepare` writes. Trainer flags after
 # METHOD override the script's (argparse keeps the last value), e.g. --max_steps 6.
@@ -143,7 +144,7 @@ python3 -m openrlhf_hacpo.cli.train_hacpo \
    --drop_long_prompts \
    --generate_max_len "$GENERATE_MAX_LEN" \
    --temperature 1.0 \
-   --eos_policy keep \
+   --eos_policy text \
    --actor_learning_rate 1e-6 \
    --max_norm 1.0 \
    --init_kl_coef 0.001 \

@@ -18,8 +18,12 @@ End-of-sequence handling (the paper is silent; docs/algorithm.md §5, item 8) is
 * ``"drop"`` (default, the official v1 code): the terminal EOS is not an action. It is excluded from
   ``source_logp_sum`` / ``source_num_tokens`` and from every learner view, so EOS emission is never trained. An
   EOS-only response stays a single EOS action, so no row is empty.
-* ``"keep"`` (the official main code, where the EOS survives as text): the terminal EOS is an action; learner views
-  append the *learner's* EOS id to foreign responses that finished, rather than the source's EOS string as text.
+* ``"keep"``: the terminal EOS is an action; learner views append the *learner's* EOS id to foreign responses that
+  finished.
+* ``"text"`` (the official main code, which produced the paper's numbers): the terminal EOS is an action, as under
+  ``"keep"``; other agents read the response decoded *with* its special tokens (``foreign_text``), so a finished
+  response carries the source's EOS string, which each learner's tokenizer re-tokenizes: the learner's id of that
+  token when its vocabulary has it (a same-family pair), the string's plain pieces otherwise.
 
 ``source_token_ids`` / ``source_logp`` always hold the ids as generated, EOS included when one was emitted;
 :meth:`Trajectory.action_token_ids` / :meth:`Trajectory.action_logp` apply the trajectory's EOS policy.
@@ -36,7 +40,7 @@ import torch
 Messages = list[dict[str, Any]]
 Prompt = Union[str, Messages]
 
-EOS_POLICIES = ("drop", "keep")
+EOS_POLICIES = ("drop", "keep", "text")
 
 __all__ = [
     "EOS_POLICIES",
@@ -71,8 +75,8 @@ def apply_eos_policy(
     """Return the action tokens (and their log-probs) of a generated response under an EOS policy.
 
     ``policy="drop"`` removes one terminal EOS (any id in ``eos_id``) unless it is the only token: an EOS-only
-    response is kept as a single EOS action. ``policy="keep"`` returns the ids unchanged. ``logps``, when given, must
-    be aligned with ``ids`` and is cut the same way.
+    response is kept as a single EOS action. ``"keep"`` and ``"text"`` return the ids unchanged. ``logps``, when
+    given, must be aligned with ``ids`` and is cut the same way.
     """
     _check_eos_policy(policy)
     ids = [int(i) for i in ids]
@@ -130,11 +134,13 @@ class Trajectory:
         source_logp_sum: sum of the old log-probs over the action tokens (after the EOS policy).
         source_num_tokens: number of action tokens L_j (after the EOS policy), >= 1.
         finished: True when the response ended with the source's EOS (the last id of ``source_token_ids``).
-        eos_policy: the EOS policy the action tokens were defined with (``"drop"`` | ``"keep"``).
+        eos_policy: the EOS policy the action tokens were defined with (``"drop"`` | ``"keep"`` | ``"text"``).
         reward: verified scalar reward, None until verified.
         step: training step that produced the trajectory.
         finish_reason: the engine's stop reason (``"stop"``, ``"length"``, ...), informational.
         metadata: JSON-safe extras (e.g. ``prompt_text``, the prompt as rendered by the source).
+        foreign_text: what other agents re-tokenize when it differs from ``response_text``: under ``eos_policy
+            "text"`` the response decoded with its special tokens, terminal EOS included; None otherwise.
 
     Equality (``==``) compares every field, ``source_logp`` by value (:func:`torch.equal`: same length, same float32
     values), so a trajectory equals its JSON round trip.
@@ -155,6 +161,7 @@ class Trajectory:
     step: int = 0
     finish_reason: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    foreign_text: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_id, str) or not self.prompt_id:
@@ -165,9 +172,14 @@ class Trajectory:
             raise ValueError(f"{where}.label must be a string or None, got {type(self.label).__name__}")
         if not isinstance(self.response_text, str):
             raise ValueError(f"{where}.response_text must be a string")
+        if self.foreign_text is not None and not isinstance(self.foreign_text, str):
+            raise ValueError(f"{where}.foreign_text must be a string or None")
         if not isinstance(self.source, int) or isinstance(self.source, bool) or self.source < 0:
             raise ValueError(f"{where}.source must be a non-negative int agent index")
         _check_eos_policy(self.eos_policy, f"{where}.eos_policy")
+        if self.eos_policy == "text" and self.foreign_text is None:
+            raise ValueError(f"{where}: eos_policy 'text' needs foreign_text (the response decoded with its special "
+                             f"tokens)")
         self.source_token_ids = [int(i) for i in self.source_token_ids]
         self.source_logp = _logp_tensor(self.source_logp, f"{where}.source_logp")
         if not self.source_token_ids:
@@ -236,6 +248,12 @@ class Trajectory:
     def is_verified(self) -> bool:
         return self.reward is not None
 
+    @property
+    def text_for_others(self) -> str:
+        """The text another agent's tokenizer turns into its response ids: ``foreign_text`` when set, else
+        ``response_text``."""
+        return self.response_text if self.foreign_text is None else self.foreign_text
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (lists and scalars only; ``source_logp`` as a list of floats, each exactly its float32
         value); :meth:`from_dict` inverts it."""
@@ -290,6 +308,8 @@ def make_trajectory(
     tokens follow ``eos_policy`` (:func:`apply_eos_policy`); ``source_logp_sum`` / ``source_num_tokens`` cover exactly
     those tokens (the sum is taken over the values as given).
     ``response_text`` defaults to ``tokenizer.decode(ids without the terminal EOS, skip_special_tokens=True)``.
+    Under ``eos_policy="text"`` the ``tokenizer`` is required: ``foreign_text`` is ``tokenizer.decode(ids,
+    skip_special_tokens=False)``, the main-branch code's decoding of a response for the other agents.
     """
     ids = [int(i) for i in token_ids]
     logps = token_logps.tolist() if isinstance(token_logps, torch.Tensor) else [float(x) for x in token_logps]
@@ -304,6 +324,11 @@ def make_trajectory(
             raise ValueError(f"make_trajectory({prompt_id!r}): pass response_text or a tokenizer to decode the ids")
         text_ids = ids[:-1] if finished else ids
         response_text = tokenizer.decode(text_ids, skip_special_tokens=True)
+    foreign_text = None
+    if eos_policy == "text":
+        if tokenizer is None:
+            raise ValueError(f"make_trajectory({prompt_id!r}): eos_policy 'text' needs the source's tokenizer")
+        foreign_text = tokenizer.decode(ids, skip_special_tokens=False)
     return Trajectory(
         prompt_id=prompt_id,
         prompt=prompt,
@@ -319,4 +344,5 @@ def make_trajectory(
         step=step,
         finish_reason=finish_reason,
         metadata=dict(metadata or {}),
+        foreign_text=foreign_text,
     )

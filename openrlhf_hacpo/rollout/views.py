@@ -14,7 +14,9 @@ denominator of the cross-agent ratio (eq. 11 with each side normalised by its ow
 
 EOS (the paper is silent; the official codes differ): with ``eos_policy="drop"`` no row contains a terminal EOS
 action (an EOS-only response stays a single EOS action); with ``"keep"`` own rows keep the generated EOS and foreign
-rows that finished get the *learner's* EOS id appended. The source's EOS is never copied as text.
+rows that finished get the *learner's* EOS id appended; with ``"text"`` (the official main code) own rows keep the
+generated EOS and foreign rows are the learner's tokens of the source's text decoded with its special tokens, the
+source's EOS string included.
 
 Overflow: prompts are left-truncated to ``prompt_max_len`` and responses right-truncated to ``generate_max_len``;
 ``old_logp_mean`` still covers the full source response, as in both official codebases.
@@ -56,8 +58,8 @@ class LearnerViewConfig:
     """How trajectories become a learner's token rows.
 
     Args:
-        eos_policy: ``"drop"`` (official v1 code) or ``"keep"`` (official main code); must match the policy the
-            trajectories were created with.
+        eos_policy: ``"drop"`` (official v1 code), ``"keep"`` or ``"text"`` (official main code); must match the
+            policy the trajectories were created with.
         prompt_max_len: prompts longer than this keep their last ``prompt_max_len`` tokens; None = no limit.
         generate_max_len: responses longer than this keep their first ``generate_max_len`` tokens; None = no limit.
         apply_chat_template: render prompts with the tokenizer's chat template (a raw string prompt becomes one user
@@ -182,7 +184,7 @@ def build_learner_batch(
     trajs = list(trajs)
     learner_eos = tokenizer.eos_token_id if eos_token_id is None else eos_token_id
     prompt_cache: dict[str, tuple[Prompt, list[int]]] = {}
-    foreign_ids = iter(_encode_responses([t.response_text for t in trajs if t.source != learner], tokenizer))
+    foreign_ids = iter(_encode_responses([t.text_for_others for t in trajs if t.source != learner], tokenizer))
     rows = []
     for traj in trajs:
         where = f"trajectory {traj.prompt_id!r} from agent {traj.source}"
@@ -209,8 +211,8 @@ def build_learner_batch(
             response_ids = next(foreign_ids)
             old_logp = None
             if (cfg.eos_policy == "keep" and traj.finished) or not response_ids:
-                # A finished response ends with the learner's EOS ("keep"); an empty text is the EOS-only response,
-                # which stays a single EOS action under either policy.
+                # A finished response ends with the learner's EOS ("keep"; under "text" the source's EOS string is
+                # already in the text); an empty text is the EOS-only response, which stays a single EOS action.
                 if learner_eos is None:
                     raise ValueError(f"learner tokenizer {_tokenizer_name(tokenizer)!r} has no eos_token_id")
                 response_ids = response_ids + [int(learner_eos)]

@@ -25,7 +25,10 @@ from openrlhf_hacpo.utils.options import option
 
 TESTDATA = Path(__file__).resolve().parents[1] / "testdata"
 FORMER_CONFIGS = json.loads((TESTDATA / "train_hacpo_configs.json").read_text())
-INTENDED_FLAG_CHANGES: dict[str, dict] = {}  # dest -> {key: new value}, each with its reason; none so far
+INTENDED_FLAG_CHANGES: dict[str, dict] = {  # dest -> {key: new value}, each with its reason
+    # a third EOS policy, the main-branch code's: foreign text decoded with its special tokens (default unchanged)
+    "eos_policy": {"choices": ["drop", "keep", "text"]},
+}
 ADDED_FLAGS = {
     "dual_clip_c": "GRPO's dual clip c = 3 (verl clip_ratio_c): an algorithm setting, in the fingerprint",
     "no_skip_zero_grad_rows": "foreign rows with zero gradient leave the backward pass unless this is given: same "

@@ -59,7 +59,8 @@ def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, me
     # training and in-training validation at the paper's training length (App. A, both official launchers); 8196 is
     # the evaluation length of Tables 1, 2, 3 and 7 (cli.evaluate)
     assert cfg.generate_max_len == cfg.eval_generate_max_len == 4096 and cfg.prompt_max_len == 1024
-    assert cfg.eos_policy == "keep"  # the main branch, which produced the paper's numbers, trains the final EOS
+    # the main branch, which produced the paper's numbers: the final EOS trained, foreign text with its EOS string
+    assert cfg.eos_policy == "text"
     assert cfg.save_path == f"runs/table1/{pair}/{method}"
     if algorithm == "grpo":
         assert (cfg.algo.loss.eps_low, cfg.algo.loss.eps_high) == (0.2, 0.28)

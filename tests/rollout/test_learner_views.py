@@ -8,6 +8,7 @@ from openrlhf_hacpo.rollout import (
     LearnerBatch,
     LearnerRow,
     LearnerViewConfig,
+    Trajectory,
     build_learner_batch,
     make_trajectory,
 )
@@ -101,6 +102,51 @@ def test_foreign_row_keep_appends_learner_eos_not_source_eos_text():
     # the other direction: the char agent's "</s>" becomes the BPE learner's <|im_end|> id
     back = build_learner_batch([traj(c, CHAR, "ok 42", policy="keep")], BPE, b, cfg).rows[0]
     assert back.response_ids == enc(b, "ok 42") + [b.eos_token_id]
+
+
+def test_foreign_row_text_retokenizes_the_source_eos_string():
+    """eos_policy "text" (the main-branch code): a foreign response is the source's decoding with special tokens."""
+    c, b = char_tokenizer(), bpe_tokenizer()
+    cfg = LearnerViewConfig(eos_policy="text")
+    finished = traj(b, BPE, "The answer is 5.", policy="text")
+    unfinished = traj(b, BPE, "The answer is", finished=False, policy="text", prompt_id="q1")
+    assert finished.foreign_text == "The answer is 5.<|im_end|>" and finished.response_text == "The answer is 5."
+    rows = build_learner_batch([finished, unfinished], CHAR, c, cfg).rows
+    # across families the EOS string is plain text for the learner: one char token per character, no EOS id
+    char_ids = [c.convert_tokens_to_ids(ch) for ch in "The answer is 5.<|im_end|>"]
+    assert rows[0].response_ids == char_ids and c.eos_token_id not in rows[0].response_ids
+    assert rows[1].response_ids == [c.convert_tokens_to_ids(ch) for ch in "The answer is"]
+    # the char agent's "</s>" is no special token of the BPE learner: it stays text there too
+    back = build_learner_batch([traj(c, CHAR, "ok 42", policy="text")], BPE, b, cfg).rows[0]
+    assert back.response_ids == enc(b, "ok 42</s>") and b.eos_token_id not in back.response_ids
+    # own rows keep the generated ids, EOS included, with their log-probs (as under "keep")
+    own = build_learner_batch([finished], BPE, b, cfg).rows[0]
+    assert own.response_ids == enc(b, "The answer is 5.") + [b.eos_token_id]
+    assert own.old_logp.tolist() == pytest.approx([-0.1 * (i + 1) for i in range(len(own.response_ids))])
+
+
+def test_foreign_row_text_gives_the_source_eos_id_where_keep_gives_the_learners():
+    """Same tokenizer family, different EOS (an instruct source ending with <|im_end|>, a base learner whose EOS is
+    <|endoftext|>): "text" trains the learner on the source's <|im_end|> id, "keep" on its own <|endoftext|>."""
+    b = bpe_tokenizer()
+    im_end, endoftext = b.convert_tokens_to_ids("<|im_end|>"), b.convert_tokens_to_ids("<|endoftext|>")
+    assert b.eos_token_id == im_end and im_end != endoftext
+    body = enc(b, "The answer is 5.")
+    for policy, last in (("text", im_end), ("keep", endoftext)):
+        row = build_learner_batch([traj(b, BPE, "The answer is 5.", policy=policy)], 2, b,
+                                  LearnerViewConfig(eos_policy=policy), eos_token_id=endoftext).rows[0]
+        assert row.response_ids == body + [last], policy
+
+
+def test_text_policy_trajectory_needs_its_foreign_text_and_round_trips():
+    b = bpe_tokenizer()
+    t = traj(b, BPE, "The answer is 5.", policy="text")
+    assert Trajectory.from_dict(t.to_dict()) == t and Trajectory.from_dict(t.to_dict()).foreign_text == t.foreign_text
+    data = t.to_dict()
+    data["foreign_text"] = None
+    with pytest.raises(ValueError, match="eos_policy 'text' needs foreign_text"):
+        Trajectory.from_dict(data)
+    assert traj(b, BPE, "The answer is 5.", policy="keep").foreign_text is None
 
 
 def test_foreign_prompt_uses_learner_template_with_single_bos():

@@ -91,6 +91,7 @@ def test_zero_stages_give_the_same_update(tmp_path, tiny_agents, base_args):
     ["--algorithm", "naive"],
     ["--algorithm", "hacpo-no-clip", "--max_epochs", "2", "--minibatch_order", "shuffle"],
     ["--bf16", "--gradient_checkpointing", "--eos_policy", "keep", "--temperature", "0.7"],
+    ["--eos_policy", "text", "--save_rollouts"],
 ])
 def test_algorithms_and_precisions_train(tmp_path, tiny_agents, base_args, extra):
     controller = run(base_args(tmp_path, "--no_ray", *_agent(tiny_agents), *_agent(tiny_agents, "qwen"),
