@@ -8,7 +8,10 @@ A refactor of the step must not change what it computes. This prints, for two ru
 * the per-phase seconds (``time/*``) and throughput (``rollout/tokens_per_s``) of each run, as the mean over the
   records, and their ratio new / old.
 
-    python benchmarks/compare_runs.py OLD_RUN NEW_RUN [--rtol 1e-6]
+    python benchmarks/compare_runs.py OLD_RUN NEW_RUN [--rtol 1e-6] [--ignore KEY ...] [--shared_only]
+
+``--ignore`` leaves out keys whose definition changed on purpose (name each, and why, where the result is reported);
+``--shared_only`` compares the keys both runs log (a newer trainer logs more ``perf/*`` keys) and counts the rest.
 
 Exit status 1 when a non-timing value differs by more than ``--rtol`` (relative, with ``--atol`` for values near
 zero) or the runs hold different records; timing never fails the comparison (machines are noisy: compare ratios
@@ -63,24 +66,28 @@ def load(path: str) -> dict[tuple, dict]:
     return records
 
 
-def compare(old: dict, new: dict, rtol: float, atol: float) -> tuple[list[str], float]:
-    """Problems found and the largest relative difference of any non-timing number."""
-    problems, worst = [], 0.0
+def compare(old: dict, new: dict, rtol: float, atol: float, ignore: frozenset = frozenset(),
+            shared_only: bool = False) -> tuple[list[str], float, int]:
+    """Problems found, the largest relative difference of any non-timing number and how many numbers were compared
+    (keys in ``ignore`` are left out; with ``shared_only`` a key only one run logs is not a problem)."""
+    problems, worst, compared = [], 0.0, 0
     if old.keys() != new.keys():
         problems.append(f"records differ: only old {sorted(old.keys() - new.keys(), key=str)}, "
                         f"only new {sorted(new.keys() - old.keys(), key=str)}")
     for key in sorted(old.keys() & new.keys(), key=str):
         a, b = old[key], new[key]
         for name in sorted((a.keys() | b.keys())):
-            if is_timing(name):
+            if is_timing(name) or name in ignore:
                 continue
             if name not in a or name not in b:
-                problems.append(f"{key}: {name} only in {'new' if name in b else 'old'}")
+                if not shared_only:
+                    problems.append(f"{key}: {name} only in {'new' if name in b else 'old'}")
                 continue
             x, y = a[name], b[name]
             if isinstance(x, (int, float)) and isinstance(y, (int, float)) and not isinstance(x, bool):
                 if math.isnan(x) and math.isnan(y):
                     continue
+                compared += 1
                 diff = abs(x - y)
                 rel = diff / max(abs(x), abs(y), 1e-300)
                 worst = max(worst, rel if diff > atol else 0.0)
@@ -88,7 +95,7 @@ def compare(old: dict, new: dict, rtol: float, atol: float) -> tuple[list[str], 
                     problems.append(f"{key}: {name} {x!r} -> {y!r}")
             elif x != y:
                 problems.append(f"{key}: {name} {x!r} -> {y!r}")
-    return problems, worst
+    return problems, worst, compared
 
 
 def timing_table(old: dict, new: dict) -> list[str]:
@@ -111,11 +118,16 @@ def main(argv=None) -> int:
     parser.add_argument("new", help="run folder or metrics.jsonl")
     parser.add_argument("--rtol", type=float, default=1e-6, help="relative tolerance of non-timing values")
     parser.add_argument("--atol", type=float, default=1e-9, help="absolute tolerance of non-timing values")
+    parser.add_argument("--ignore", nargs="+", default=[], metavar="KEY",
+                        help="keys left out of the comparison (e.g. a metric whose definition changed on purpose)")
+    parser.add_argument("--shared_only", action="store_true",
+                        help="compare only the keys both runs log (a key only one run logs is not a difference)")
     args = parser.parse_args(argv)
     old, new = load(args.old), load(args.new)
-    problems, worst = compare(old, new, args.rtol, args.atol)
-    print(f"{len(old)} / {len(new)} records (step, agent); largest relative difference of a non-timing value: "
-          f"{worst:.3g} (rtol {args.rtol:g}, atol {args.atol:g})")
+    problems, worst, compared = compare(old, new, args.rtol, args.atol, frozenset(args.ignore), args.shared_only)
+    left_out = f"; left out: {', '.join(args.ignore)}" if args.ignore else ""
+    print(f"{len(old)} / {len(new)} records (step, agent), {compared} non-timing numbers compared{left_out}; "
+          f"largest relative difference: {worst:.3g} (rtol {args.rtol:g}, atol {args.atol:g})")
     for p in problems[:40]:
         print("  DIFF", p)
     if len(problems) > 40:

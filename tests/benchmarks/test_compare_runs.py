@@ -35,3 +35,19 @@ def test_a_changed_value_or_a_missing_record_fails(tmp_path, capsys):
     missing = write(tmp_path / "missing", [record(1, "a", 0.25, 2.0)])
     assert compare_runs.main([str(old), str(missing)]) == 1
     assert "records differ" in capsys.readouterr().out
+
+
+def test_ignored_and_one_sided_keys(tmp_path, capsys):
+    old = write(tmp_path / "old", [record(1, "a", 0.25, 2.0)])
+    new_rec = {**record(1, "a", 1.0, 2.0), "perf/rows_backward": 7}
+    new = write(tmp_path / "new", [new_rec])
+    assert compare_runs.main([str(old), str(new)]) == 1
+    out = capsys.readouterr().out
+    assert "policy/loss 0.25 -> 1.0" in out and "perf/rows_backward only in new" in out
+    assert compare_runs.main([str(old), str(new), "--ignore", "policy/loss"]) == 1  # the new key still differs
+    capsys.readouterr()
+    assert compare_runs.main([str(old), str(new), "--ignore", "policy/loss", "--shared_only"]) == 0
+    # step and reward/mean are compared; policy/loss is left out, perf/rows_backward is logged by one run only
+    assert "2 non-timing numbers compared; left out: policy/loss;" in capsys.readouterr().out
+    changed = write(tmp_path / "changed", [{**record(1, "a", 0.25, 2.0), "reward/mean": 0.75, "perf/x": 1}])
+    assert compare_runs.main([str(old), str(changed), "--shared_only"]) == 1  # a shared key that differs still fails
