@@ -15,7 +15,6 @@ engines' outputs inside Ray), so its pending is one level too. A worker that die
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 from dataclasses import replace
@@ -250,8 +249,7 @@ class AgentGroup:
         outputs (read when the driver waits for them); the ranks' results bring their ``scoring``.
         """
         timer = PhaseTimer()
-        generating = contextlib.ExitStack()  # holds the generate phase open until the engines' outputs are in
-        generating.enter_context(timer.phase("generate"))
+        generated = timer.start("generate")  # ends when the engines' outputs are in
         rendered = self._call(self.policies[:1], PolicyWorker.render, [(list(prompts),)], "policy",
                               lambda v: v[0]).result()
         indices = list(range(len(prompts)))
@@ -261,7 +259,7 @@ class AgentGroup:
         generation = self._call(engines, _engine_class().generate,
                                 [([rendered.ids[i] for i in shard], shard_sampling(sampling, e))
                                  for e, shard in enumerate(engine_shards)], "vLLM engine",
-                                lambda outputs: generating.close())
+                                lambda outputs: generated())
         outputs = generation.parts
         if self._engines_sleep:  # engines sleep before the (colocated) policies score
             outputs = self._after_sleep(engines, outputs)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 __all__ = ["PhaseTimer", "slowest"]
 
@@ -31,6 +31,20 @@ class PhaseTimer:
             yield
         finally:
             self.add(name, time.perf_counter() - start)
+
+    def start(self, name: str) -> Callable[[], None]:
+        """Start phase ``name`` now; the returned function ends it (a phase that spans an asynchronous call, e.g.
+        from sending work to reading its results). Ending it twice counts it once."""
+        begun = time.perf_counter()
+        ended = False
+
+        def stop() -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                self.add(name, time.perf_counter() - begun)
+
+        return stop
 
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + float(seconds)
