@@ -71,6 +71,7 @@ def format_report(payload: Mapping[str, Any]) -> str:
                ("tokens backward/step", lambda a: a.get("tokens_backward"), 0),
                ("foreign rows → backward", lambda a: a.get("foreign_backward_share"), 3),
                ("pad. frac. scoring", lambda a: a.get("pad_frac_scoring"), 3),
+               ("pad. frac. probe", lambda a: a.get("pad_frac_probe"), 3),
                ("pad. frac. update", lambda a: a.get("pad_frac_update"), 3),
                ("peak RSS Σ GiB", lambda a: a.get("peak_rss_gib"), 2),
                ("peak PSS Σ GiB", lambda a: a.get("peak_pss_gib"), 2),
@@ -92,7 +93,7 @@ def format_report(payload: Mapping[str, Any]) -> str:
             agent_keys += [k for k in ag["phases"] if k not in agent_keys]
     extra = [("foreign in window", "policy/foreign_in_window_frac", 3), ("rows/step", "view/num_rows", 0),
              ("rows backward/step", "perf/rows_backward", 1), ("pad. scoring", "perf/pad_frac_scoring", 3),
-             ("pad. update", "perf/pad_frac_update", 3)]
+             ("pad. probe", "perf/pad_frac_probe", 3), ("pad. update", "perf/pad_frac_update", 3)]
     extra = [e for e in extra if any(ag.get(e[1]) is not None for a in arms.values() for ag in a["agents"].values())]
     lines += ["", "## Per agent (median seconds of each phase; – : not logged by this run)", ""]
     rows = []

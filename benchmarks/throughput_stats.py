@@ -51,7 +51,7 @@ AGENT_PHASES = ("time/generate", "time/scoring", "time/logprob", "time/view", "t
                 "time/update", "time/sync", "time/wait")
 """Per-agent phases in the order they are shown; keys a run does not log are left out or shown as "–"."""
 _NOT_AGENT_PHASES = {"time/step", *STEP_PHASES}
-PAD_KEYS = ("perf/pad_frac_scoring", "perf/pad_frac_update")
+PAD_KEYS = ("perf/pad_frac_scoring", "perf/pad_frac_probe", "perf/pad_frac_update")
 MEMORY_KEYS = {"perf/cuda_max_allocated_gib": "cuda_max_allocated_gib"}
 """GPU memory a worker logs (GiB, ``torch.cuda.max_memory_allocated`` since it started): max over agents and steps."""
 
@@ -188,8 +188,8 @@ def summarize_arm(runs: Sequence[Sequence[Mapping[str, Any]]], warmup: int) -> d
     seconds of each step phase, ``None`` when not logged), ``rollouts_per_s``, ``tokens_generated_per_s``,
     ``rows_trained_per_s``, ``tokens_trained_per_s`` (ratios of sums), per-step means ``rows_trained``,
     ``tokens_trained``, ``rows_backward``, ``tokens_backward``, ``foreign_backward_share``, the mean padding
-    fraction of each pass over agents and steps (``pad_frac_scoring``, ``pad_frac_update``) and the GPU memory
-    figure when logged."""
+    fraction of each pass over agents and steps (``pad_frac_scoring``, ``pad_frac_probe``, ``pad_frac_update``) and
+    the GPU memory figure when logged."""
     figures: list[dict[str, Any]] = []
     records_used: list[Mapping[str, Any]] = []
     for i, records in enumerate(runs):

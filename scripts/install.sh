@@ -58,9 +58,9 @@ print(f"[install] ok: torch {torch.__version__}, triton {triton.__version__}, tr
       f"deepspeed {deepspeed.__version__}, ray {ray.__version__}")
 PY
 # DeepSpeed compiles its CPU shared-memory collective op on first use (about a minute on 2 cores); build it here so
-# that the first training run does not pay for it. It lands in torch's extension cache (TORCH_EXTENSIONS_DIR,
-# default ~/.cache/torch_extensions), keyed by the DeepSpeed sources' path, so each virtual environment builds once.
-"$VENV/bin/python" - <<'PY' || echo "[install] warning: DeepSpeed's shared-memory op did not build; training builds it on first use" >&2
+# that the first training run does not pay for it. It goes to the project's extension cache, .cache/torch_extensions
+# (TORCH_EXTENSIONS_DIR, which the README's two commands and the tests use too).
+TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.cache/torch_extensions}" "$VENV/bin/python" - <<'PY' || echo "[install] warning: DeepSpeed's shared-memory op did not build; training builds it on first use" >&2
 from deepspeed.accelerator import get_accelerator
 builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
 if builder is not None and builder.is_compatible():

@@ -17,5 +17,6 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bash "$ROOT/scripts/install.sh"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.cache/torch_extensions}"  # built by install.sh
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 exec "${HACPO_VENV:-$ROOT/.venv}/bin/python" -m openrlhf_hacpo.cli.tiny run "$@"

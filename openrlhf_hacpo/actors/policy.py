@@ -125,9 +125,7 @@ class PolicyWorker:
         with timer.phase("generate"):
             rendered = self.scorer.render(prompts)
             outputs = self.hf_engine.generate(rendered.ids, sampling)
-        trajs = self.scorer.trajectories(self.engine, prompts, rendered, outputs, step, self.device, timer)
-        return RolloutResult(trajectories=tuple(trajs), timings=timer.seconds,
-                             generated_tokens=sum(o.num_tokens for o in outputs))
+        return self._scored(prompts, rendered, outputs, step, timer)
 
     def render(self, prompts: Sequence[Any]) -> RenderedPrompts:
         """The prompts' ids (what the engines generate from) and texts, rendered once for the whole agent."""
@@ -144,10 +142,16 @@ class PolicyWorker:
         ``generate``.
         """
         outputs = outputs_for_shard(shard, engine_shards, engine_outputs)
-        timer = PhaseTimer()
+        return self._scored(prompts, rendered, outputs, step, PhaseTimer())
+
+    def _scored(self, prompts: Sequence[Any], rendered: RenderedPrompts, outputs: Sequence[GenerationOutput],
+                step: int, timer: PhaseTimer) -> RolloutResult:
+        """Score ``outputs`` into trajectories (the ``scoring`` phase of ``timer``) and report the rollout."""
         trajs = self.scorer.trajectories(self.engine, prompts, rendered, outputs, step, self.device, timer)
+        positions, tokens = self.scorer.scoring_positions(rendered, outputs)
         return RolloutResult(trajectories=tuple(trajs), timings=timer.seconds,
-                             generated_tokens=sum(o.num_tokens for o in outputs))
+                             generated_tokens=sum(o.num_tokens for o in outputs),
+                             scoring_positions=positions, scoring_tokens=tokens)
 
     # ------------------------------------------------------------------------------------------------ training
     def train_step(self, trajectories: Sequence[Trajectory], step: int,

@@ -36,21 +36,26 @@ class RolloutResult:
     ``generate`` (prompt rendering and sampling) and ``scoring`` (the old-log-prob recompute that makes the
     trajectories); once combined, the slowest rank's each. A phase a part did not run is absent: a rank that scores
     the engines' responses has no ``generate`` (its agent group measures the engines' generation).
-    ``generated_tokens`` counts the sampled response tokens.
+    ``generated_tokens`` counts the sampled response tokens; ``scoring_positions`` / ``scoring_tokens`` the token
+    positions the scoring pass computed and the real tokens among them (their ratio gives its padding fraction).
     """
 
     trajectories: tuple[Trajectory, ...]
     timings: dict[str, float]
     generated_tokens: int
+    scoring_positions: int = 0
+    scoring_tokens: int = 0
 
     @staticmethod
     def combine(parts: Sequence["RolloutResult"]) -> "RolloutResult":
-        """The ranks' results as one: trajectories in rank order, the slowest rank's time per phase, the tokens
-        summed."""
+        """The ranks' results as one: trajectories in rank order, the slowest rank's time per phase, the token
+        counts summed."""
         return RolloutResult(
             trajectories=tuple(t for p in parts for t in p.trajectories),
             timings=slowest([p.timings for p in parts]),
             generated_tokens=sum(p.generated_tokens for p in parts),
+            scoring_positions=sum(p.scoring_positions for p in parts),
+            scoring_tokens=sum(p.scoring_tokens for p in parts),
         )
 
 

@@ -14,6 +14,7 @@ from openrlhf_hacpo.engines.base import GenerationOutput
 from openrlhf_hacpo.models import score_logprobs
 from openrlhf_hacpo.rollout import LearnerViewConfig, Trajectory, make_trajectory, render_prompt_ids, render_prompt_text
 from openrlhf_hacpo.rollout.views import encode_prompt_text
+from openrlhf_hacpo.utils.padding import micro_batch_groups, packed_positions
 from openrlhf_hacpo.utils.timing import PhaseTimer
 
 __all__ = ["RenderedPrompts", "RolloutScorer", "view_config"]
@@ -72,6 +73,15 @@ class RolloutScorer:
         texts = self.prompt_texts(prompts)
         ids = [encode_prompt_text(t, self.tokenizer, self.view_cfg)[-self.cfg.prompt_max_len:] for t in texts]
         return RenderedPrompts(ids=ids, texts=texts)
+
+    def scoring_positions(self, rendered: RenderedPrompts, outputs: Sequence[GenerationOutput]) -> tuple[int, int]:
+        """(token positions, real tokens) that :meth:`trajectories`' scoring pass computes: its micro-batches are
+        those of :func:`~openrlhf_hacpo.models.score_logprobs` (same rows, size and grouping)."""
+        prompt_lengths = [len(rendered.ids[o.prompt_index]) for o in outputs]
+        response_lengths = [len(o.response_token_ids) for o in outputs]
+        groups = micro_batch_groups(prompt_lengths, response_lengths, self.cfg.micro_train_batch_size,
+                                    self.cfg.length_grouping)
+        return packed_positions(prompt_lengths, response_lengths, groups)
 
     def trajectories(self, model: Any, prompts: Sequence[Any], rendered: RenderedPrompts,
                      outputs: Sequence[GenerationOutput], step: int, device: Any,

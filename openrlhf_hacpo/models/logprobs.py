@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from hacpo_kernels import fused_linear_logprobs, logprobs_from_logits
-from openrlhf_hacpo.utils.padding import length_grouped, pack_rows
+from openrlhf_hacpo.utils.padding import micro_batch_groups, pack_rows
 
 __all__ = ["LOGPROB_PATHS", "ResponseLogprobs", "fused_head_unsupported", "response_logprobs", "score_logprobs"]
 
@@ -143,11 +143,8 @@ def score_logprobs(model: Any, prompt_ids: Sequence[Sequence[int]], response_ids
     for i, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
         if not len(prompt) or not len(response):
             raise ValueError(f"row {i} has an empty prompt or response")
-    if group_by_length:
-        groups = length_grouped([len(p) for p in prompt_ids], [len(r) for r in response_ids], micro_batch_size)
-    else:
-        groups = [list(range(s, min(s + micro_batch_size, len(prompt_ids))))
-                  for s in range(0, len(prompt_ids), micro_batch_size)]
+    groups = micro_batch_groups([len(p) for p in prompt_ids], [len(r) for r in response_ids], micro_batch_size,
+                                group_by_length)
     out: list[torch.Tensor | None] = [None] * len(prompt_ids)
     for group in groups:
         responses = [response_ids[i] for i in group]

@@ -55,6 +55,8 @@ def agent_step_record(step: int, agent: int, agent_names: Sequence[str], summary
         "response/truncated_fraction": float(np.mean([t.finish_reason == "length" for t in own])),
         "rollout/tokens_per_s": rollout.generated_tokens / max(sampler["generate"], 1e-9),
         "perf/tokens_generated": float(rollout.generated_tokens),
+        **({"perf/pad_frac_scoring": 1.0 - rollout.scoring_tokens / rollout.scoring_positions}
+           if rollout.scoring_positions else {}),
         **{f"time/{name}": seconds for name, seconds in sampler.items()},
         "time/reward": phases["reward"],
         "time/capability": phases["capability"],

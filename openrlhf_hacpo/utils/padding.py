@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["PackedRows", "pack_rows", "pad_values", "length_grouped"]
+__all__ = ["PackedRows", "micro_batch_groups", "pack_rows", "packed_positions", "pad_values", "length_grouped"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,27 @@ def length_grouped(prompt_lengths: Sequence[int], response_lengths: Sequence[int
     if current:
         groups.append(sorted(current))
     return groups
+
+
+def micro_batch_groups(prompt_lengths: Sequence[int], response_lengths: Sequence[int], max_rows: int,
+                       group_by_length: bool) -> list[list[int]]:
+    """Row indices cut into micro-batches of at most ``max_rows`` rows: grouped by length
+    (:func:`length_grouped`) or in the given order."""
+    if group_by_length:
+        return length_grouped(prompt_lengths, response_lengths, max_rows)
+    return [list(range(s, min(s + max_rows, len(prompt_lengths)))) for s in range(0, len(prompt_lengths), max_rows)]
+
+
+def packed_positions(prompt_lengths: Sequence[int], response_lengths: Sequence[int],
+                     groups: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """(token positions computed, real tokens) when each group is packed by :func:`pack_rows`: a group of B rows
+    takes B × (longest prompt + longest response) positions, of which ``Σ (prompt + response)`` are real."""
+    positions = real = 0
+    for group in groups:
+        if group:
+            positions += len(group) * (max(prompt_lengths[i] for i in group) + max(response_lengths[i] for i in group))
+            real += sum(prompt_lengths[i] + response_lengths[i] for i in group)
+    return positions, real
 
 
 def pad_values(rows: Sequence[Any], width: int, dtype: Any = torch.float32) -> torch.Tensor:

@@ -22,6 +22,9 @@ class Scorer:
             time.sleep(SCORE_S)
         return []
 
+    def scoring_positions(self, rendered, outputs):
+        return 10 * len(outputs), 7 * len(outputs)
+
 
 class Engine:
     def generate(self, prompt_ids, sampling):
@@ -41,6 +44,7 @@ def test_rollout_times_generate_and_scoring_apart():
     assert GENERATE_S <= result.timings["generate"] < GENERATE_S + SCORE_S  # the scoring is not in it
     assert SCORE_S <= result.timings["scoring"] < SCORE_S + GENERATE_S
     assert result.generated_tokens == 6
+    assert (result.scoring_positions, result.scoring_tokens) == (20, 14)
 
 
 def test_scoring_engine_outputs_times_scoring_only():

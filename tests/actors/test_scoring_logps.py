@@ -158,3 +158,17 @@ def test_a_view_of_a_larger_tensor_is_copied_and_lists_become_float32():
 def _verified(t: Trajectory) -> Trajectory:
     t.reward = 0.0
     return t
+
+
+def test_scoring_positions_count_the_scoring_pass(scored, monkeypatch):
+    """The padding the scoring pass computed, by hand: micro-batches of 2 grouped by length take rows {0, 2}
+    (prompts 3, 4; responses 4, 1 -> 2 x 8 positions, 12 real) and {1} (9 positions, 9 real)."""
+    cfg, _, _ = scored
+    scorer = RolloutScorer(cfg, 0, CharTok(), eos_token_ids=[EOS])
+    rendered = RenderedPrompts(ids=[[5, 9, 7], [6, 2, 8, 10]], texts=["1+2", "30+4"])
+    outputs = [GenerationOutput(0, 0, [4, 11, 6, EOS], "", True, "stop"),
+               GenerationOutput(1, 0, [8, 2, 12, 13, 14], "", False, "length"),
+               GenerationOutput(1, 1, [EOS], "", True, "stop")]
+    assert scorer.scoring_positions(rendered, outputs) == (16 + 9, 12 + 9)
+    monkeypatch.setattr(cfg, "length_grouping", False)  # in order: {0, 1} (2 x 9, 16 real) and {2} (5, 5 real)
+    assert scorer.scoring_positions(rendered, outputs) == (18 + 5, 16 + 5)

@@ -5,7 +5,7 @@ import torch
 
 from openrlhf_hacpo.actors.sharding import outputs_for_shard, split_shards
 from openrlhf_hacpo.engines.base import GenerationOutput
-from openrlhf_hacpo.utils.padding import pack_rows, pad_values
+from openrlhf_hacpo.utils.padding import micro_batch_groups, pack_rows, packed_positions, pad_values
 
 
 def out(prompt_index: int, sample_index: int) -> GenerationOutput:
@@ -37,3 +37,22 @@ def test_pack_rows_puts_every_response_at_the_same_column():
     assert packed["position_ids"].tolist() == [[0, 1, 2, 3, 3], [0, 0, 0, 1, 2]]
     assert packed["response_ids"].tolist() == [[5, 9], [6, 7]]
     assert packed["response_mask"].tolist() == [[1.0, 0.0], [1.0, 1.0]]
+
+
+def test_packed_positions_count_what_pack_rows_computes():
+    prompts, responses = [3, 5, 2, 4], [4, 1, 6, 2]
+    groups = [[0, 1], [2], [3]]
+    # by hand: 2 x (5 + 4) = 18 positions with 7 + 6 real, 1 x 8 with 8, 1 x 6 with 6
+    assert packed_positions(prompts, responses, groups) == (18 + 8 + 6, 13 + 8 + 6)
+    positions = real = 0
+    for g in groups:  # the same counts from the packed tensors themselves
+        packed = pack_rows([[7] * prompts[i] for i in g], [[9] * responses[i] for i in g], pad_id=0)
+        positions += packed.attention_mask.numel()
+        real += int(packed.attention_mask.sum())
+    assert packed_positions(prompts, responses, groups) == (positions, real)
+
+
+def test_micro_batch_groups_in_order_or_by_length():
+    assert micro_batch_groups([1] * 5, [3, 1, 3, 1, 2], 2, group_by_length=False) == [[0, 1], [2, 3], [4]]
+    by_length = micro_batch_groups([1] * 5, [3, 1, 3, 1, 2], 2, group_by_length=True)
+    assert by_length == [[1, 3], [0, 4], [2]]

@@ -101,6 +101,7 @@ def test_algorithms_and_precisions_train(tmp_path, tiny_agents, base_args, extra
         assert rec["updates"] == cfg.updates_per_step
         assert rec["view/num_rows"] == cfg.rows_per_learner
         assert all(v is None or isinstance(v, str) or v == v for v in rec.values())  # no NaN
+        assert 0.0 <= rec["perf/pad_frac_scoring"] < 1.0 and 0.0 <= rec["perf/pad_frac_update"] < 1.0
     weights = controller.groups[0].weights()
     initial = _weights(tiny_agents["llama"])
     assert _max_diff({k: v.float() for k, v in weights.items()}, initial) > 1e-4

@@ -64,3 +64,14 @@ def test_combine_takes_the_slowest_rank_per_phase():
     assert RolloutResult.combine(parts[:1]).timings == {"generate": 3.0, "scoring": 0.5}
     with pytest.raises(Exception):
         combined.timings = {}  # frozen
+
+
+def test_scoring_padding_fraction_and_its_combination():
+    parts = [RolloutResult(trajectories=(), timings={"scoring": 1.0}, generated_tokens=0, scoring_positions=100,
+                           scoring_tokens=80),
+             RolloutResult(trajectories=(), timings={"scoring": 1.0}, generated_tokens=0, scoring_positions=60,
+                           scoring_tokens=60)]
+    combined = RolloutResult.combine(parts)
+    assert (combined.scoring_positions, combined.scoring_tokens) == (160, 140)
+    assert record(combined)["perf/pad_frac_scoring"] == pytest.approx(20 / 160)
+    assert "perf/pad_frac_scoring" not in record(RolloutResult(trajectories=(), timings={}, generated_tokens=0))
