@@ -46,7 +46,7 @@ from openrlhf_hacpo.algorithms.losses import PolicyLossOutput, check_policy_inpu
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.models import response_logprobs
 from openrlhf_hacpo.rollout import LearnerBatch, LearnerViewConfig, MicroBatch, Trajectory, build_learner_batch
-from openrlhf_hacpo.utils.padding import length_grouped, pad_values
+from openrlhf_hacpo.utils.padding import micro_batch_groups, pad_values
 from openrlhf_hacpo.utils.partition import split_evenly
 from openrlhf_hacpo.utils.seeding import derive_seed
 from openrlhf_hacpo.utils.timing import PhaseTimer
@@ -358,13 +358,9 @@ class UpdateLoop:
         """
         cfg = self.cfg
         foreign = [i for i, r in enumerate(share.rows) if not r.is_own]
-        probe_rows = share.select(foreign)
-        size = cfg.micro_train_batch_size * PROBE_ROWS_FACTOR
-        if cfg.length_grouping:
-            groups = length_grouped([len(r.prompt_ids) for r in probe_rows.rows],
-                                    [len(r.response_ids) for r in probe_rows.rows], size)
-        else:
-            groups = [list(range(i, min(i + size, len(foreign)))) for i in range(0, len(foreign), size)]
+        groups = micro_batch_groups([len(share.rows[i].prompt_ids) for i in foreign],
+                                    [len(share.rows[i].response_ids) for i in foreign],
+                                    cfg.micro_train_batch_size * PROBE_ROWS_FACTOR, cfg.length_grouping)
         count = self._agree_on_count(len(groups))
         work, keep, finite = _Work(), {i for i, r in enumerate(share.rows) if r.is_own}, True
         for g in range(count):

@@ -336,7 +336,7 @@ def make_trajectory(
         response_text=response_text,
         source=source,
         source_token_ids=ids,
-        source_logp=(token_logps if isinstance(token_logps, torch.Tensor) else logps) if keep_token_logps else [],
+        source_logp=token_logps if keep_token_logps else [],  # Trajectory stores either form as float32
         source_logp_sum=math.fsum(action_logps or []),
         source_num_tokens=len(action_ids),
         finished=finished,

@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 from openrlhf_hacpo.rollout.trajectory import EOS_POLICIES, Prompt, Trajectory
 from openrlhf_hacpo.algorithms.losses import PolicyLossInput
-from openrlhf_hacpo.utils.padding import PackedRows, length_grouped, pack_rows, pad_values
+from openrlhf_hacpo.utils.padding import PackedRows, micro_batch_groups, pack_rows, pad_values
 from openrlhf_hacpo.utils.partition import split_evenly
 
 __all__ = [
@@ -386,11 +386,9 @@ class LearnerBatch:
         bounded by ``max_tokens`` packed positions), so packing them computes little padding."""
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"micro_batches: size must be a positive int, got {size!r}")
-        if group_by_length or max_tokens is not None:
-            groups = length_grouped([len(r.prompt_ids) for r in self.rows], [len(r.response_ids) for r in self.rows],
-                                    size, max_tokens)
-            return [self.select(g) for g in groups]
-        return [self.select(range(i, min(i + size, len(self.rows)))) for i in range(0, len(self.rows), size)]
+        groups = micro_batch_groups([len(r.prompt_ids) for r in self.rows], [len(r.response_ids) for r in self.rows],
+                                    size, group_by_length, max_tokens)
+        return [self.select(g) for g in groups]
 
     # -------------------------------------------------------------------------------------------- tensors
     def _loss_columns(self, width: int) -> dict[str, Any]:

@@ -111,11 +111,11 @@ def length_grouped(prompt_lengths: Sequence[int], response_lengths: Sequence[int
 
 
 def micro_batch_groups(prompt_lengths: Sequence[int], response_lengths: Sequence[int], max_rows: int,
-                       group_by_length: bool) -> list[list[int]]:
-    """Row indices cut into micro-batches of at most ``max_rows`` rows: grouped by length
-    (:func:`length_grouped`) or in the given order."""
-    if group_by_length:
-        return length_grouped(prompt_lengths, response_lengths, max_rows)
+                       group_by_length: bool, max_tokens: int | None = None) -> list[list[int]]:
+    """Row indices cut into micro-batches of at most ``max_rows`` rows: grouped by length (:func:`length_grouped`,
+    also when a ``max_tokens`` budget is given) or consecutive in the given order."""
+    if group_by_length or max_tokens is not None:
+        return length_grouped(prompt_lengths, response_lengths, max_rows, max_tokens)
     return [list(range(s, min(s + max_rows, len(prompt_lengths)))) for s in range(0, len(prompt_lengths), max_rows)]
 
 
