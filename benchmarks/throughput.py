@@ -50,6 +50,7 @@ from throughput_report import format_accuracy, format_report, plot_accuracy, plo
 from throughput_setups import ARMS, BASELINE, CONFIGS, Setup, interleave, make_setup, parse_models  # noqa: E402
 from throughput_stats import arm_ratios, summarize_agents, summarize_arm, time_to_reach  # noqa: E402
 
+from openrlhf_hacpo.utils.options import split_passthrough  # noqa: E402
 from openrlhf_hacpo.utils.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: E402
 from openrlhf_hacpo.utils.jsonl import read_records  # noqa: E402
 
@@ -323,11 +324,7 @@ def _positive(name: str, value: int | None, minimum: int = 1) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
+    argv, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     command = "python benchmarks/throughput.py " + shlex.join(list(argv) + (["--", *extra] if extra else []))
     try:

@@ -5,7 +5,11 @@ TRITON_INTERPRET must be set before any module decorates a Triton kernel, so it 
 on the CPU and are compared against float64 references like the torch twins.
 """
 import os
+import pathlib
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# DeepSpeed's CPU shared-memory op, prebuilt there by scripts/install.sh (else the first training test builds it)
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -26,7 +30,6 @@ if not _has_cuda():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import json  # noqa: E402
-import pathlib  # noqa: E402
 
 import pytest  # noqa: E402
 

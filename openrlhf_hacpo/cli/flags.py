@@ -158,3 +158,4 @@ def nest(values: typing.Mapping[tuple[str, ...], Any]) -> dict[str, Any]:
             node = node.setdefault(key, {})
         node[path[-1]] = value
     return out
+

@@ -26,6 +26,7 @@ from pathlib import Path  # noqa: E402
 from typing import Sequence  # noqa: E402
 
 from openrlhf_hacpo.algorithms import PRESETS as ALGORITHMS  # noqa: E402
+from openrlhf_hacpo.utils.options import split_passthrough  # noqa: E402
 
 __all__ = ["build_parser", "main"]
 
@@ -134,11 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
+    argv, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

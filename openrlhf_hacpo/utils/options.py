@@ -13,6 +13,8 @@
   :func:`check_only_for` refuses fields an algorithm does not use. Their errors name the flag and the field,
   ``--cross_clip_delta (PolicyLossConfig.delta) must be <= 1, got 1.5``; a field without a flag is named by its path
   (``agents[1] ('qwen').zero_stage must be one of [0, 1, 2, 3], got 4``).
+
+:func:`split_passthrough` cuts a command line at ``--``, for commands that pass the rest on (e.g. to the trainer).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import types
 import typing
 from typing import Any, Callable, Iterator
 
-__all__ = ["option", "check_fields", "check_only_for", "field_label"]
+__all__ = ["option", "check_fields", "check_only_for", "field_label", "split_passthrough"]
 
 _RANGE_KEYS = ("ge", "gt", "le", "lt")
 _RANGE_WORDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
@@ -183,3 +185,13 @@ def check_only_for(obj: Any, refusal: Callable[[str], str | None], algorithm: st
         if why:
             raise ValueError(f"{field_label(f, field_owner)} is set to {value!r}, but algorithm {algorithm!r} does "
                              f"not use it: {why}")
+
+
+def split_passthrough(argv: typing.Iterable[str]) -> tuple[list[str], list[str]]:
+    """``argv`` cut at its first ``--``: (the command's own arguments, the arguments after ``--`` that it passes on,
+    e.g. trainer flags); ``(argv, [])`` without a ``--``."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]

@@ -20,6 +20,7 @@ import pytest
 from openrlhf_hacpo.cli.flags import HelpFormatter, add_flags, field_flags, field_values, nest
 from openrlhf_hacpo.cli.train_hacpo import build_config, build_parser
 from openrlhf_hacpo.config import TrainConfig
+from openrlhf_hacpo.utils.options import split_passthrough
 from openrlhf_hacpo.trainer.fingerprint import config_fingerprint
 from openrlhf_hacpo.utils.options import option
 
@@ -176,3 +177,14 @@ def test_help_shows_defaults_only_where_they_say_something(capsys):
     assert "(default: False)" not in text and "(default: None)" not in text
     assert "--top_k TOP_K -1 disables (default: -1)" in text
     assert "exponential importance-sampling exponent α (eq. 12) [1.0]" in text  # the dataclass default
+
+
+@pytest.mark.parametrize("argv, own, passed", [
+    ([], [], []),
+    (["--config", "model"], ["--config", "model"], []),
+    (["--rounds", "2", "--", "--micro_train_batch_size", "32"], ["--rounds", "2"], ["--micro_train_batch_size", "32"]),
+    (["--", "--a", "--", "--b"], [], ["--a", "--", "--b"]),  # only the first -- cuts
+    (["run", "--"], ["run"], []),
+])
+def test_split_passthrough_cuts_at_the_first_double_dash(argv, own, passed):
+    assert split_passthrough(argv) == (own, passed)

@@ -1,13 +1,7 @@
 """A bf16 tiny agent with tied embeddings, saved the way hub checkpoints are."""
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
 
 @pytest.fixture(scope="session")

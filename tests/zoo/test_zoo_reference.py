@@ -135,6 +135,7 @@ def _compare_module():
 
 
 def test_compare_tiny_arm_settings_are_what_the_main_job_records(tmp_path):
+    from openrlhf_hacpo.utils.options import split_passthrough
     from openrlhf_hacpo.cli.tiny import build_parser
     from openrlhf_hacpo.zoo import get_preset
     from openrlhf_hacpo.zoo.job import MainJobConfig
@@ -144,8 +145,8 @@ def test_compare_tiny_arm_settings_are_what_the_main_job_records(tmp_path):
     for name, arm in compare.ARMS.items():
         cmd = compare.run_command(arm, preset, 3, 80, tmp_path / name)
         argv = cmd[cmd.index("run"):]
-        extra = argv[argv.index("--") + 1:] if "--" in argv else []
-        args = build_parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+        own, extra = split_passthrough(argv)
+        args = build_parser().parse_args(own)
         cfg = MainJobConfig(preset=args.preset, algorithm=args.algorithm, n_samples_per_prompt=args.n_samples_per_prompt,
                             steps=args.steps, seed=args.seed, output=args.output, extra_args=tuple(extra))
         recorded = {"algorithm": cfg.algorithm, "n_samples_per_prompt": cfg.group_size, "extra_args": list(extra)}
