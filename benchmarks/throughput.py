@@ -50,9 +50,9 @@ from throughput_report import format_accuracy, format_report, plot_accuracy, plo
 from throughput_setups import ARMS, BASELINE, CONFIGS, Setup, interleave, make_setup, parse_models  # noqa: E402
 from throughput_stats import arm_ratios, summarize_agents, summarize_arm, time_to_reach  # noqa: E402
 
-from openrlhf_hacpo.utils.options import split_passthrough  # noqa: E402
 from openrlhf_hacpo.utils.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: E402
 from openrlhf_hacpo.utils.jsonl import read_records  # noqa: E402
+from openrlhf_hacpo.utils.options import split_passthrough  # noqa: E402
 
 RESULTS_DIR = ROOT / "benchmarks" / "results"
 FACTS_SUFFIX = ".json"

@@ -158,4 +158,3 @@ def nest(values: typing.Mapping[tuple[str, ...], Any]) -> dict[str, Any]:
             node = node.setdefault(key, {})
         node[path[-1]] = value
     return out
-

@@ -20,9 +20,8 @@ import pytest
 from openrlhf_hacpo.cli.flags import HelpFormatter, add_flags, field_flags, field_values, nest
 from openrlhf_hacpo.cli.train_hacpo import build_config, build_parser
 from openrlhf_hacpo.config import TrainConfig
-from openrlhf_hacpo.utils.options import split_passthrough
 from openrlhf_hacpo.trainer.fingerprint import config_fingerprint
-from openrlhf_hacpo.utils.options import option
+from openrlhf_hacpo.utils.options import option, split_passthrough
 
 TESTDATA = Path(__file__).resolve().parents[1] / "testdata"
 FORMER_CONFIGS = json.loads((TESTDATA / "train_hacpo_configs.json").read_text())

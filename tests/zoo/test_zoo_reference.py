@@ -135,8 +135,8 @@ def _compare_module():
 
 
 def test_compare_tiny_arm_settings_are_what_the_main_job_records(tmp_path):
-    from openrlhf_hacpo.utils.options import split_passthrough
     from openrlhf_hacpo.cli.tiny import build_parser
+    from openrlhf_hacpo.utils.options import split_passthrough
     from openrlhf_hacpo.zoo import get_preset
     from openrlhf_hacpo.zoo.job import MainJobConfig
 
