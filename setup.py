@@ -1,7 +1,12 @@
 """openrlhf-hacpo: Heterogeneous Agent Collaborative Policy Optimization on OpenRLHF-style Ray actors."""
 import sys
+import warnings
 
 from setuptools import find_packages, setup
+
+# `pip install -e .` of a layout with a package_dir mapping (kernels/ -> hacpo_kernels) goes through setuptools' meta
+# path finder, which always announces itself with an information-only "Editable installation." notice
+warnings.filterwarnings("ignore", message="Editable installation")
 
 install_requires = [
     "torch>=2.4",
@@ -19,6 +24,8 @@ install_requires = [
     "pyarrow>=15",
     "matplotlib>=3.8",
     "safetensors>=0.4",
+    # LoRA agents (--lora_rank); its requirements (accelerate, safetensors, huggingface_hub, ...) are already here
+    "peft>=0.21",
 ]
 if sys.platform.startswith("linux"):
     install_requires.append("triton>=3.0")
@@ -48,8 +55,10 @@ setup(
     packages=find_packages(include=["openrlhf_hacpo", "openrlhf_hacpo.*"]) + ["hacpo_kernels"],
     # the kernels/ folder installs as `hacpo_kernels`, so it never shadows the Hugging Face `kernels` package
     package_dir={"hacpo_kernels": "kernels"},
-    include_package_data=True,
-    # the tiny agents behind the README's tables (openrlhf_hacpo/zoo/shipped.py), with their manifests
+    # the tiny agents behind the README's tables (openrlhf_hacpo/zoo/shipped.py), with their manifests: data files of
+    # openrlhf_hacpo.zoo, declared here and only here (the agent folders are data, not packages, so no
+    # include_package_data, which would take them for packages missing from `packages`)
+    include_package_data=False,
     package_data={"openrlhf_hacpo.zoo": ["agents/*/*"]},
     install_requires=install_requires,
     extras_require=extras_require,

@@ -22,6 +22,7 @@ formulas as plain torch ops under autograd). Its HBM floor is the bytes a perfec
 objective (17 bytes per row); forward+backward also writes ``d logp`` (4 bytes per token).
 
 Results go to ``benchmarks/results/<stem>.json`` and ``.md`` (written atomically); the table is printed last.
+A run that fails or is cut short leaves those files as they were and its figures so far in ``<stem>.failed.md``.
 
     python benchmarks/bench_kernels.py                 # GPU: full sweep; CPU: --cpu-small
     python benchmarks/bench_kernels.py --quick         # GPU: N in {4k, 16k}, V = 151936
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import math
 import os
 import pathlib
@@ -48,7 +50,7 @@ for entry in (ROOT, ROOT / "benchmarks"):
     if str(entry) not in sys.path:  # run as a script from anywhere
         sys.path.insert(0, str(entry))
 
-from results_io import RESULTS_DIR, device_name, run_facts, save_results  # noqa: E402
+from results_io import RESULTS_DIR, ResultWriter, device_name, run_facts  # noqa: E402
 from hacpo_kernels import (  # noqa: E402
     LossParams,
     cross_clip_lower_bound,
@@ -661,29 +663,29 @@ def main(argv=None) -> int:
     stem = args.out or ("kernels_cpu" if device == "cpu" else "kernels_gpu") + (f"_{args.only}" if args.only else "")
     rows: list[Row] = []
 
-    def save(complete: bool) -> str:
-        """Rewrite both result files (after every shape, so a run cut short still leaves its figures)."""
+    def tables(complete: bool) -> tuple[dict, str]:
         summary = summarize(rows, peak_tbs)
         meta["complete"] = complete
-        md = markdown(meta, rows, summary)
-        payload = {"meta": meta, "rows": [asdict(r) for r in rows], "summary": summary}
-        save_results(stem, payload, md, RESULTS_DIR)
-        return md
+        return {"meta": meta, "rows": [asdict(r) for r in rows], "summary": summary}, markdown(meta, rows, summary)
 
     print(f"benchmark on {meta['device_name']}: sections {sorted(sections)}", flush=True)
-    if "logits" in sections:
-        for shape in shapes:
-            rows += bench_logits(meter, device, [shape])
-            save(complete=False)
-    if "loss" in sections:
-        for shape in loss_shapes:
-            rows += bench_loss(meter, device, [shape], peak_tbs)
-            save(complete=False)
-    if "fused_linear" in sections:
-        for shape in fl_shapes:
-            rows += bench_fused_linear(meter, device, [shape], h_dim, fl_chunk)
-            save(complete=False)
-    md = save(complete=True)
+    # the figures so far go to <stem>.failed.md after every shape (a run cut short keeps them there); the committed
+    # <stem>.json / .md are replaced only by a finished run
+    with ResultWriter(stem, RESULTS_DIR, command=meta["command"], name="bench_kernels") as out:
+        if "logits" in sections:
+            for shape in shapes:
+                rows += bench_logits(meter, device, [shape])
+                out.progress(tables(complete=False)[1])
+        if "loss" in sections:
+            for shape in loss_shapes:
+                rows += bench_loss(meter, device, [shape], peak_tbs)
+                out.progress(tables(complete=False)[1])
+        if "fused_linear" in sections:
+            for shape in fl_shapes:
+                rows += bench_fused_linear(meter, device, [shape], h_dim, fl_chunk)
+                out.progress(tables(complete=False)[1])
+        payload, md = tables(complete=True)
+        out.commit({".json": json.dumps(payload, indent=2) + "\n", ".md": md})
     print(f"\nwrote {RESULTS_DIR / stem}.json and .md\n")
     print(md)
     return 0

@@ -16,9 +16,12 @@
 # only needed to compile DeepSpeed's C++/CUDA ops, which the project does not use.
 # BUILD_INFO.json in the folder names the Python version and machine it was built for; the folder must stay under
 # 64 MiB (the device tool's limit on what travels with the working tree).
+# The packages are copied from the project's Python (scripts/python_env.sh): HACPO_PYTHON or PYTHON or HACPO_VENV
+# when set, else an active environment with the project installed, else the repository's .venv (set up on first use).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY=${PYTHON:-$ROOT/.venv/bin/python}
+source "$ROOT/scripts/python_env.sh"
+hacpo_python --var PYTHON || exit
 exec "$PY" - "$ROOT" "$@" <<'PY'
 import argparse
 import importlib.metadata as md

@@ -34,9 +34,11 @@ Arms (G = the preset's group size, 8):
 Per arm and agent it reports the final test accuracy (mean of the last two periodic evaluations; mean ± sample std
 over seeds), rollouts generated, wall time, tokens/s, seconds per phase, and the foreign-ratio statistics logged
 by the trainer. It writes ``benchmarks/results/tiny_<preset>.{md,json,png}`` (``tiny_<preset>_<N>steps`` for a
-non-default step count) atomically; the JSON also holds each arm's settings, so the main job can put a run beside
-its arm's seed spread (:mod:`openrlhf_hacpo.zoo.reference`). A run whose folder already holds a ``summary.json`` with the same settings
-is not repeated, so the comparison can be run in pieces.
+non-default step count) atomically when every run succeeded (else the report of the finished runs and the failed
+ones go to ``tiny_<preset>.failed.md`` beside the committed files, which stay as they were); the JSON also holds
+each arm's settings, so the main job can put a run beside its arm's seed spread (:mod:`openrlhf_hacpo.zoo.reference`).
+A run whose folder already holds a ``summary.json`` with the same settings is not repeated, so the comparison can be
+run in pieces.
 """
 from __future__ import annotations
 
@@ -58,7 +60,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from openrlhf_hacpo.utils.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from openrlhf_hacpo.utils.atomic import atomic_write_json
 from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS, get_preset
 from openrlhf_hacpo.zoo.job import default_runs_dir
 from openrlhf_hacpo.zoo.shipped import agent_folders, agent_records
@@ -73,6 +75,9 @@ from openrlhf_hacpo.zoo.reports import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "benchmarks") not in sys.path:  # imported from a file path (tests), not run as a script
+    sys.path.insert(0, str(REPO / "benchmarks"))
+from results_io import ResultWriter  # noqa: E402
 RESULTS_DIR = REPO / "benchmarks" / "results"
 COMMANDS_FILE = "commands.txt"
 """Every command that ran arms into a runs folder, one per line (listed in the report)."""
@@ -569,9 +574,9 @@ def _with_current_foreign_stats(summary: dict[str, Any], run_dir: Path) -> dict[
     return summary
 
 
-def write_report(root: Path, preset, steps: int, results_dir: Path, stem: str, command: str, lanes: int,
-                 folders: Mapping[str, Path]) -> Path | None:
-    """Aggregate the runs under ``root`` of the agents in ``folders`` into ``<results_dir>/<stem>.{json,md,png}``."""
+def build_report(root: Path, preset, steps: int, command: str, lanes: int,
+                 folders: Mapping[str, Path]) -> dict[str, Any] | None:
+    """Aggregate the runs under ``root`` of the agents in ``folders`` (None when no run has finished)."""
     records = agent_records(folders)
     fingerprints = {name: r["fingerprint"] for name, r in records.items()}
     found = collect(root, preset, steps, fingerprints)
@@ -601,11 +606,7 @@ def write_report(root: Path, preset, steps: int, results_dir: Path, stem: str, c
                    for a, b in [*MAIN_COMPARISONS, *((n, ARMS[n].reference) for n in ARMS)]
                    if a in arms and b in arms},
     }
-    results_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(results_dir / f"{stem}.json", report)
-    atomic_write_text(results_dir / f"{stem}.md", render_markdown(report))
-    atomic_write_bytes(results_dir / f"{stem}.png", render_plot(report))
-    return results_dir / f"{stem}.md"
+    return report
 
 
 # ---------------------------------------------------------------------------------------------------------- cli
@@ -667,28 +668,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     stem = f"tiny_{preset.name}" if steps == preset.rl.num_steps else f"tiny_{preset.name}_{steps}steps"
     command = "python benchmarks/compare_tiny.py " + shlex.join(sys.argv[1:] if argv is None else list(argv))
 
-    folders = agent_folders(preset.agents, rebuild=args.rebuild, progress=True, jobs=2)
-    fingerprints = {name: r["fingerprint"] for name, r in agent_records(folders).items()}
-    failures: list[str] = []
-    if not args.report_only:
-        root.mkdir(parents=True, exist_ok=True)
-        with open(root / COMMANDS_FILE, "a", encoding="utf-8") as f:
-            f.write(command.strip() + "\n")
-        jobs = []
-        arm_seeds = {a: seeds or DEFAULT_SEEDS[ARMS[a].kind] for a in arms}
-        for seed in sorted({s for ss in arm_seeds.values() for s in ss}):
-            jobs += [(ARMS[a], seed) for a in arms if seed in arm_seeds[a]]
-        t0 = time.perf_counter()
-        failures = run_all(jobs, preset, steps, root, args.jobs, fingerprints, args.rebuild)
-        _log(f"runs finished in {time.perf_counter() - t0:.0f} s")
-    path = write_report(root, preset, steps, args.results_dir, stem, command.strip(), args.jobs, folders)
-    if path is not None:
-        _log(f"report: {path}")
-        print(path.read_text(encoding="utf-8"))
-    if failures:
-        _log("failed runs: " + "; ".join(failures))
-        return 1
-    return 0
+    # the committed <stem>.{json,md,png} are replaced only when every run succeeded; otherwise the report of the runs
+    # that finished goes to <stem>.failed.md beside them, with the failed runs
+    with ResultWriter(stem, args.results_dir, command=command.strip(), name="compare_tiny") as out:
+        folders = agent_folders(preset.agents, rebuild=args.rebuild, progress=True, jobs=2)
+        fingerprints = {name: r["fingerprint"] for name, r in agent_records(folders).items()}
+        failures: list[str] = []
+        if not args.report_only:
+            root.mkdir(parents=True, exist_ok=True)
+            with open(root / COMMANDS_FILE, "a", encoding="utf-8") as f:
+                f.write(command.strip() + "\n")
+            jobs = []
+            arm_seeds = {a: seeds or DEFAULT_SEEDS[ARMS[a].kind] for a in arms}
+            for seed in sorted({s for ss in arm_seeds.values() for s in ss}):
+                jobs += [(ARMS[a], seed) for a in arms if seed in arm_seeds[a]]
+            t0 = time.perf_counter()
+            failures = run_all(jobs, preset, steps, root, args.jobs, fingerprints, args.rebuild)
+            _log(f"runs finished in {time.perf_counter() - t0:.0f} s")
+        report = build_report(root, preset, steps, command.strip(), args.jobs, folders)
+        markdown = render_markdown(report) if report is not None else None
+        if failures:
+            _log("failed runs: " + "; ".join(failures))
+            out.fail("failed runs: " + "; ".join(failures), partial=markdown)
+        elif report is None:
+            out.fail(f"no finished runs under {root}")
+        else:
+            path = out.commit({".json": report, ".md": markdown, ".png": render_plot(report)})[1]
+            _log(f"report: {path}")
+    if markdown is not None:
+        print(markdown)
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -11,10 +11,13 @@ every step and the HF export at the end. Then:
   exported weights;
 * **export**: both HF exports reload with ``from_pretrained`` and give finite logits, and differ from the
   initial weights (the updates moved them).
+* **memory options**: one step each with both agents on ZeRO-2 + ``adam_offload`` and on ZeRO-3 + ``param_offload`` +
+  ``adam_offload`` (DeepSpeed's CPU Adam; docs/gpu.md, Memory options).
 
 The reward scores a response by the parity of its length (as the trainer tests do), so random models get mixed
-rewards and non-zero advantages. Prints a short report and writes it (atomically) to ``--report``. Exit status 0
-when every check passed.
+rewards and non-zero advantages. Prints a short report and writes it (atomically) to ``--report`` when every check
+passed, else beside it to ``<report>.failed.md`` (the previous report stays). Exit status 0 when every check
+passed.
 
     python benchmarks/gpu_train_check.py --device cuda      # usually through benchmarks/gpu_train_check.sh
     python benchmarks/gpu_train_check.py --device cpu --report runs/check.md
@@ -22,10 +25,12 @@ when every check passed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -40,6 +45,10 @@ AGENTS = {  # name: (family, tokenizer kind, ZeRO stage, init seed)
 }
 STEPS = 3
 RESUME_FROM = 2
+OFFLOAD_CONFIGURATIONS = {  # name: (ZeRO stage of both agents, their memory settings), one step each
+    "ZeRO-2 + adam_offload": (2, "adam_offload=true"),
+    "ZeRO-3 + param_offload + adam_offload": (3, "param_offload=true,adam_offload=true"),
+}
 REWARD_FILE = '''
 def reward_func(queries, prompts, labels):
     """1.0 when the response (query minus prompt) has an even number of characters."""
@@ -57,10 +66,21 @@ class Check:
 
 
 @dataclass
+class MemoryRow:
+    """The memory plan's estimate of an agent's policy tensors on its GPU 0 beside what the run measured."""
+
+    configuration: str
+    agent: str
+    estimate_gib: float
+    measured_gib: float | None
+
+
+@dataclass
 class Report:
     device: str
     checks: list[Check] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    memory: list[MemoryRow] = field(default_factory=list)
 
     def add(self, name: str, ok: bool, detail: str) -> bool:
         self.checks.append(Check(name, bool(ok), detail))
@@ -228,6 +248,62 @@ def check_exports(report: Report, straight: Path, resumed: Path, inputs: dict[st
                    f"{moved:.3g}; largest difference straight vs resumed {across:.3g}")
 
 
+def record_memory(report: Report, configuration: str, flags: list[str], run: Path) -> None:
+    """Add the memory plan's estimate of each agent's policy tensors on its GPU 0 and the largest
+    ``perf/cuda_max_allocated_gib`` its workers logged (none on CPU); without Ray also the agents' sum."""
+    from openrlhf_hacpo.cli.train_hacpo import build_config
+    from openrlhf_hacpo.trainer.memory_plan import agent_layouts, plan_run
+    from openrlhf_hacpo.trainer.preflight import load_model_configs
+
+    cfg = build_config(flags)
+    plan = plan_run(agent_layouts(cfg, load_model_configs(cfg)), None, shared_gpu=not cfg.use_ray)
+    metrics = _records(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else {}
+    rows = []
+    for agent in cfg.agent_names:
+        peaks = [float(r["perf/cuda_max_allocated_gib"]) for (_, name), r in metrics.items()
+                 if name == agent and isinstance(r.get("perf/cuda_max_allocated_gib"), (int, float))]
+        estimate = next(r.allocated for r in plan.rows if r.agent == agent and r.gpu == 0)
+        rows.append(MemoryRow(configuration, agent, estimate / 2**30, max(peaks) if peaks else None))
+    if plan.shared_gpu and len(rows) > 1:
+        measured = [m.measured_gib for m in rows if m.measured_gib is not None]
+        rows.append(MemoryRow(configuration, "all (one process)", sum(m.estimate_gib for m in rows),
+                              max(measured) if measured else None))
+    report.memory += rows
+    for m in rows:
+        print(f"[gpu_train_check] memory {configuration} / {m.agent}: plan {m.estimate_gib:.3f} GiB, measured "
+              f"{'-' if m.measured_gib is None else f'{m.measured_gib:.3f}'} GiB", flush=True)
+
+
+def check_lora(report: Report, inputs: dict[str, Path], out: Path, device: str, bf16: bool) -> None:
+    """When peft imports: both agents with a rank-8 LoRA adapter on every linear layer train one step and log their
+    metrics, and their memory goes beside the plan's estimate."""
+    if importlib.util.find_spec("peft") is None:
+        print("[gpu_train_check] LoRA configuration skipped: peft does not import", flush=True)
+        return
+    run = out / "lora"
+    flags = [*train_flags(inputs, run, device, bf16), "--lora_rank", "8", "--max_steps", "1"]
+    if _trained(report, "LoRA", flags, out / "lora.log", "1 step with --lora_rank 8"):
+        metrics = _records(run / "metrics.jsonl")
+        report.add("LoRA metrics", sorted(metrics) == [(1, a) for a in sorted(AGENTS)], f"{sorted(metrics)}")
+        record_memory(report, "LoRA r=8 pair", flags, run)
+
+
+def check_offload(report: Report, inputs: dict[str, Path], out: Path, device: str, bf16: bool) -> None:
+    """Both agents under each of :data:`OFFLOAD_CONFIGURATIONS` (optimizer states and the Adam update on the CPU,
+    and with ZeRO-3 the parameters too) train one step and log their metrics; their memory goes beside the plan's
+    estimate. The first one builds DeepSpeed's ``cpu_adam`` op unless it is in ``TORCH_EXTENSIONS_DIR``."""
+    for name, (stage, settings) in OFFLOAD_CONFIGURATIONS.items():
+        slug = name.lower().replace(" + ", "_").replace("-", "")
+        run = out / slug
+        flags = train_flags(inputs, run, device, bf16) + ["--max_steps", "1"]
+        flags = [f"{re.sub(r'zero_stage=[0-3]', f'zero_stage={stage}', flag)},{settings}"
+                 if i and flags[i - 1] == "--agent" else flag for i, flag in enumerate(flags)]
+        if _trained(report, name, flags, out / f"{slug}.log", f"1 step with {name}"):
+            metrics = _records(run / "metrics.jsonl")
+            report.add(f"{name} metrics", sorted(metrics) == [(1, a) for a in sorted(AGENTS)], f"{sorted(metrics)}")
+            record_memory(report, name, flags, run)
+
+
 def _trained(report: Report, name: str, flags: list[str], log: Path, what: str) -> bool:
     rc, report.seconds[what] = run_trainer(flags, log)
     if not report.add(name, rc == 0, f"{what}, exit {rc}; log {log}"):
@@ -251,6 +327,7 @@ def check(device: str, out: Path, bf16: bool, tolerance: float) -> Report:
                     f"train {STEPS} steps"):
         return report
     metrics, evals = check_straight_run(report, straight)
+    record_memory(report, "ZeRO-2 + ZeRO-3 pair", train_flags(inputs, straight, device, bf16), straight)
     # a second run from the step-2 checkpoint trains step 3 again
     source = straight / "checkpoints" / f"global_step{RESUME_FROM}"
     shutil.copytree(source, resumed / "checkpoints" / source.name)
@@ -260,6 +337,8 @@ def check(device: str, out: Path, bf16: bool, tolerance: float) -> Report:
         return report
     check_resumed_run(report, resumed, metrics, evals, tolerance)
     check_exports(report, straight, resumed, inputs, tolerance)
+    check_lora(report, inputs, out, device, bf16)
+    check_offload(report, inputs, out, device, bf16)
     return report
 
 
@@ -292,6 +371,15 @@ def render(report: Report, command: str, env: str, total_s: float) -> str:
              f"evaluation and a checkpoint every step, {STEPS} steps; then `--resume` from step {RESUME_FROM}.", "",
              "| check | result | detail |", "|---|---|---|"]
     lines += [f"| {c.name} | {'ok' if c.ok else 'FAILED'} | {c.detail} |" for c in report.checks]
+    if report.memory:
+        lines += ["", "Memory: the plan's estimate of each agent's policy tensors "
+                  "(`openrlhf_hacpo/trainer/memory_plan.py`, without allocator overhead and CUDA context) beside `torch.cuda.max_memory_allocated` as the run "
+                  "logged it (`perf/cuda_max_allocated_gib`, max over steps; without Ray both agents share the "
+                  "process, so each logs its peak, to compare with the sum).", "",
+                  "| configuration | agent | plan estimate (GiB) | measured max_memory_allocated (GiB) |",
+                  "|---|---|---|---|"]
+        lines += [f"| {m.configuration} | {m.agent} | {m.estimate_gib:.3f} | "
+                  f"{'-' if m.measured_gib is None else f'{m.measured_gib:.3f}'} |" for m in report.memory]
     lines += ["", "| phase | seconds |", "|---|---|"]
     lines += [f"| {name} | {seconds:.1f} |" for name, seconds in report.seconds.items()]
     lines += [f"| total | {total_s:.1f} |", "", f"Result: {'all checks passed' if report.ok else 'FAILED'}", ""]
@@ -319,14 +407,21 @@ def main(argv: list[str] | None = None) -> int:
     tolerance = args.tolerance if args.tolerance is not None else (1e-3 if args.device == "cuda" else 1e-6)
     report_path = args.report or (REPO / "benchmarks" / "results" / "gpu_train_check.md" if args.device == "cuda"
                                   else args.out / "gpu_train_check_cpu.md")
-    t0 = time.perf_counter()
-    report = check(args.device, args.out.resolve(), bf16=not args.fp32, tolerance=tolerance)
-    text = render(report, "bash benchmarks/gpu_train_check.sh " + " ".join(sys.argv[1:] if argv is None else argv),
-                  environment(), time.perf_counter() - t0)
-    from openrlhf_hacpo.utils.atomic import atomic_write_text
+    command = "bash benchmarks/gpu_train_check.sh " + " ".join(sys.argv[1:] if argv is None else argv)
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from results_io import ResultWriter
 
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(report_path, text)
+    # the report replaces the one at report_path only when every check passed; otherwise it goes beside it, to
+    # <report>.failed.md (and an exception's traceback with it)
+    t0 = time.perf_counter()
+    with ResultWriter(report_path.stem, report_path.parent, command=command, name="gpu_train_check") as out:
+        report = check(args.device, args.out.resolve(), bf16=not args.fp32, tolerance=tolerance)
+        text = render(report, command, environment(), time.perf_counter() - t0)
+        if report.ok:
+            out.commit({report_path.suffix or ".md": text})
+        else:
+            report_path = out.fail("failed checks: " + ", ".join(c.name for c in report.checks if not c.ok)
+                                   if report.checks else "no check ran", partial=text)
     print(text)
     print(f"[gpu_train_check] report: {report_path}")
     return 0 if report.ok else 1

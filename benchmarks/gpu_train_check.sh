@@ -5,6 +5,7 @@
 # About a minute on one H100/H200; needs only torch, Triton and transformers (no network). From the repository root:
 #
 #   bash benchmarks/gpu_train_check.sh                     # report: benchmarks/results/gpu_train_check.md
+#                                                          # (a failed run: gpu_train_check.failed.md beside it)
 #   bash benchmarks/gpu_train_check.sh --device cpu        # the same on CPU (the test suite runs it this way)
 #   HACPO_GPU_DEPS=DIR bash benchmarks/gpu_train_check.sh  # DeepSpeed from DIR where it is not installed
 #
@@ -17,7 +18,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-PY=${PYTHON:-python3}
+# the Python (scripts/python_env.sh): HACPO_PYTHON or PYTHON or HACPO_VENV when set, else one that has torch, Triton
+# and transformers (an active environment, python3 on PATH), else the repository's .venv when it exists; no install
+source "$ROOT/scripts/python_env.sh"
+hacpo_python --var PYTHON --no-install torch triton transformers || exit 2
 DEPS=${HACPO_GPU_DEPS:-$ROOT/.cache/gpu_deps}
 
 # the kernels/ folder is imported as hacpo_kernels (setup.py maps it); without an install, a link does the same
@@ -63,7 +67,8 @@ fi
 "$PY" benchmarks/gpu_train_check.py "$@"
 status=$?
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    # the default report and run logs, for a caller that collects what lands in $OUT
-    cp benchmarks/results/gpu_train_check.md runs/gpu_train_check/*.log runs/gpu_train_check/*.md "$OUT/" 2>/dev/null
+    # the default report (or the record of a failed run) and run logs, for a caller that collects what lands in $OUT
+    cp benchmarks/results/gpu_train_check.md benchmarks/results/gpu_train_check.failed.md runs/gpu_train_check/*.log \
+        runs/gpu_train_check/*.md "$OUT/" 2>/dev/null
 fi
 exit $status

@@ -17,7 +17,8 @@ its peak is the run's memory figure.
 From the runs' ``metrics.jsonl`` (figures defined in :mod:`throughput_stats`) it writes
 ``benchmarks/results/throughput_<config>.{md,json,png}`` atomically: step seconds (median, quartiles) by phase,
 rollouts/s, generated and trained tokens/s, rows and tokens through the backward pass, padding fractions, peak
-memory, each as a ratio to GSPO, and per agent the median seconds of every phase the trainer logs.
+memory, each as a ratio to GSPO, and per agent the median seconds of every phase the trainer logs. A run that fails
+leaves those files as they were and writes its error to ``throughput_<config>.failed.md`` beside them.
 
 ``--time_to_accuracy`` (tiny presets): one longer run of GSPO ×2 and of HACPO with periodic evaluation; for every
 agent, the training seconds (Σ time/step) until HACPO first reaches the final accuracy of GSPO ×2 (mean of its
@@ -50,7 +51,9 @@ from throughput_report import format_accuracy, format_report, plot_accuracy, plo
 from throughput_setups import ARMS, BASELINE, CONFIGS, Setup, interleave, make_setup, parse_models  # noqa: E402
 from throughput_stats import arm_ratios, summarize_agents, summarize_arm, time_to_reach  # noqa: E402
 
-from openrlhf_hacpo.utils.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text  # noqa: E402
+from results_io import ResultWriter  # noqa: E402
+
+from openrlhf_hacpo.utils.atomic import atomic_write_json  # noqa: E402
 from openrlhf_hacpo.utils.jsonl import read_records  # noqa: E402
 from openrlhf_hacpo.utils.options import split_passthrough  # noqa: E402
 
@@ -282,12 +285,14 @@ def accuracy_payload(setup: Setup, arms: Sequence[str], root: Path, reference: s
             "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
-def write_results(stem: str, payload: dict[str, Any], markdown: str, png: bytes, results_dir: Path) -> None:
-    results_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(results_dir / f"{stem}.json", payload)
-    atomic_write_text(results_dir / f"{stem}.md", markdown)
-    atomic_write_bytes(results_dir / f"{stem}.png", png)
-    _log(f"wrote {results_dir / stem}.md, .json and .png")
+def result_writer(stem: str, results_dir: Path, command: str) -> ResultWriter:
+    """``<stem>.{json,md,png}`` replaced only by a run that finished; a failed one goes to ``<stem>.failed.md``."""
+    return ResultWriter(stem, results_dir, command=command, name="throughput")
+
+
+def write_results(out: ResultWriter, payload: dict[str, Any], markdown: str, png: bytes) -> None:
+    out.commit({".json": payload, ".md": markdown, ".png": png})
+    _log(f"wrote {out.results_dir / out.stem}.md, .json and .png")
 
 
 # ---------------------------------------------------------------------------------------------------------- CLI
@@ -353,14 +358,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if warmup >= steps:
             raise ValueError(f"--warmup {warmup} leaves no measured step of --steps {steps}")
         order = interleave(arms, rounds)
-        if not args.report_only:
-            setup.prepare()
-            _log(f"{setup.description}: {len(order)} runs of {steps} steps, order "
-                 f"{' '.join(a for _, a in order)}; run folders under {root}")
-            run_order(setup, order, root, seed=args.seed, steps=steps, eval_steps=None, extra=extra)
-        payload = build_payload(setup, order, root, steps=steps, warmup=warmup, rounds=rounds, command=command)
-        markdown = format_report(payload)
-        write_results(f"throughput_{setup.name}", payload, markdown, plot_report(payload), args.results_dir)
+        with result_writer(f"throughput_{setup.name}", args.results_dir, command) as out:
+            if not args.report_only:
+                setup.prepare()
+                _log(f"{setup.description}: {len(order)} runs of {steps} steps, order "
+                     f"{' '.join(a for _, a in order)}; run folders under {root}")
+                run_order(setup, order, root, seed=args.seed, steps=steps, eval_steps=None, extra=extra)
+            payload = build_payload(setup, order, root, steps=steps, warmup=warmup, rounds=rounds, command=command)
+            markdown = format_report(payload)
+            write_results(out, payload, markdown, plot_report(payload))
         print(markdown)
         return 0
     except (ValueError, FileNotFoundError, ModuleNotFoundError) as err:
@@ -386,14 +392,15 @@ def _time_to_accuracy(args: argparse.Namespace, setup: Setup, root: Path, extra:
     if args.rounds not in (None, 1):
         raise ValueError("--time_to_accuracy makes one run per arm; leave --rounds out")
     order = interleave(arms, 1)
-    if not args.report_only:
-        setup.prepare()
-        _log(f"time to accuracy, {setup.description}: {', '.join(arms)}, {steps} steps, evaluation every "
-             f"{eval_steps}; run folders under {root}")
-        run_order(setup, order, root, seed=args.seed, steps=steps, eval_steps=eval_steps, extra=extra)
-    payload = accuracy_payload(setup, arms, root, "gspo2x", steps=steps, eval_steps=eval_steps, command=command)
-    markdown = format_accuracy(payload)
-    write_results(f"throughput_{setup.name}_accuracy", payload, markdown, plot_accuracy(payload), args.results_dir)
+    with result_writer(f"throughput_{setup.name}_accuracy", args.results_dir, command) as out:
+        if not args.report_only:
+            setup.prepare()
+            _log(f"time to accuracy, {setup.description}: {', '.join(arms)}, {steps} steps, evaluation every "
+                 f"{eval_steps}; run folders under {root}")
+            run_order(setup, order, root, seed=args.seed, steps=steps, eval_steps=eval_steps, extra=extra)
+        payload = accuracy_payload(setup, arms, root, "gspo2x", steps=steps, eval_steps=eval_steps, command=command)
+        markdown = format_accuracy(payload)
+        write_results(out, payload, markdown, plot_accuracy(payload))
     print(markdown)
     return 0
 

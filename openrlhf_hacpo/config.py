@@ -6,9 +6,10 @@ Per-agent settings left at ``None`` inherit the run-wide value of the same meani
 ``actor_num_gpus_per_node``, ``vllm_num_engines``, ``vllm_tensor_parallel_size``); :meth:`TrainConfig.resolved_agents`
 returns the agents with every such field filled in.
 
-Every rule of a single field sits with the field, in its :func:`~openrlhf_hacpo.utils.options.option` (type from the
-annotation, ``choices``, ``ge`` / ``gt`` / ``le`` / ``lt``, ``only_for``); ``validate`` is one walk over the fields
-(:func:`~openrlhf_hacpo.utils.options.check_fields`) plus the rules that tie fields together. Every dataclass validates
+Every rule of a single field of these two classes sits with the field, in its
+:func:`~openrlhf_hacpo.utils.options.option` (type from the annotation, ``choices``, ``ge`` / ``gt`` / ``le`` / ``lt``,
+``only_for``); ``validate`` is one walk over the fields (:func:`~openrlhf_hacpo.utils.options.check_fields`) plus the
+rules that tie fields together (the algorithm's sections validate themselves, :mod:`openrlhf_hacpo.algorithms.config`). Every dataclass validates
 itself on construction, however it was built (flags, :meth:`TrainConfig.from_dict`, YAML), and raises ``ValueError``
 naming the flag and the field (``--top_p (TrainConfig.top_p) must be <= 1, got 1.5``) or, for an agent's setting,
 its path (``agents[1] ('qwen').zero_stage``).
@@ -34,6 +35,7 @@ from typing import Any, Mapping
 from hacpo_kernels.dispatch import BACKENDS as KERNEL_BACKENDS
 from openrlhf_hacpo.algorithms import HACPOConfig
 from openrlhf_hacpo.models.logprobs import LOGPROB_PATHS
+from openrlhf_hacpo.rollout.rewards import reward_spec_problem
 from openrlhf_hacpo.rollout.trajectory import EOS_POLICIES
 from openrlhf_hacpo.rollout.views import MINIBATCH_ORDERS
 from openrlhf_hacpo.utils.checks import fail
@@ -60,6 +62,7 @@ _training = functools.partial(option, group="training")
 _outputs = functools.partial(option, group="checkpoints and logging")
 _evaluation = functools.partial(option, group="evaluation")
 _network = functools.partial(option, group="reliability and network")
+_memory = functools.partial(option, group="memory")
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -75,6 +78,12 @@ class AgentConfig:
     * ``dp_size``: data-parallel policy workers (one GPU each on GPU machines, one process each on CPU).
     * ``vllm_num_engines`` / ``vllm_tensor_parallel_size``: this agent's vLLM rollout engines (``vllm`` backend).
     * ``attn_implementation``: passed to ``from_pretrained`` (``sdpa``, ``eager``, ``flash_attention_2``).
+    * ``lora_rank`` / ``lora_alpha`` / ``lora_dropout`` / ``target_modules``: a LoRA adapter instead of
+      full-parameter training when ``lora_rank`` > 0 (:mod:`openrlhf_hacpo.actors.lora`).
+    * ``adam_offload`` / ``param_offload`` / ``deepspeed_enable_sleep`` / ``ref_reward_offload``: where the policy's
+      and the reference's states live (docs/gpu.md, Memory options).
+    * ``node``: pin the agent's GPU bundles to one node of a multi-node Ray cluster: its address (``10.0.0.2``), node
+      id, a custom resource present on exactly that node (``nodeA``) or a ``key=value`` label (docs/multinode.md).
     """
 
     name: str
@@ -89,6 +98,15 @@ class AgentConfig:
     vllm_num_engines: int | None = option(None, ge=0)
     vllm_tensor_parallel_size: int | None = option(None, ge=1)
     attn_implementation: str | None = None
+    lora_rank: int | None = option(None, ge=0)
+    lora_alpha: int | None = option(None, gt=0)
+    lora_dropout: float | None = option(None, ge=0, lt=1)
+    target_modules: str | None = None
+    adam_offload: bool | None = None
+    param_offload: bool | None = None
+    deepspeed_enable_sleep: bool | None = None
+    ref_reward_offload: bool | None = None
+    node: str | None = None
 
     def __post_init__(self) -> None:
         self.validate("AgentConfig")
@@ -99,6 +117,8 @@ class AgentConfig:
         check_fields(self, where)
         if not _AGENT_NAME.match(self.name):
             fail(f"{where}.name", "letters, digits, '_', '.', '-' (starting with a letter or digit)", self.name)
+        if self.target_modules is not None:
+            check_target_modules(f"{where}.target_modules", self.target_modules)
 
     @property
     def tokenizer_path(self) -> str:
@@ -108,7 +128,7 @@ class AgentConfig:
     def from_dict(cls, data: Mapping[str, Any], where: str = "agent") -> "AgentConfig":
         """Build from a mapping (a YAML entry or parsed ``--agent`` string); unknown keys raise ``ValueError``."""
         known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(data) - set(known))
+        unknown = sorted((key for key in data if key not in known), key=str)  # YAML keys may be numbers
         if unknown:
             raise ValueError(f"{where}: unknown agent setting(s) {unknown}; known settings: {known}")
         name = data.get("name")
@@ -121,6 +141,12 @@ class AgentConfig:
             return cls(**dict(data))
         except ValueError as err:
             raise ValueError(f"{where}: {err}{_yaml_number_hint(data)}") from None
+
+
+def check_target_modules(where: str, value: str) -> None:
+    """``target_modules``: ``all-linear`` or comma-separated module names, at least one."""
+    if not any(name.strip() for name in value.split(",")):
+        fail(where, "'all-linear' or comma-separated module names (at least one)", value)
 
 
 def _yaml_number_hint(data: Mapping[str, Any]) -> str:
@@ -148,6 +174,14 @@ _INHERITED = {
     "vllm_num_engines": "vllm_num_engines",
     "vllm_tensor_parallel_size": "vllm_tensor_parallel_size",
     "attn_implementation": "attn_implementation",
+    "lora_rank": "lora_rank",
+    "lora_alpha": "lora_alpha",
+    "lora_dropout": "lora_dropout",
+    "target_modules": "target_modules",
+    "adam_offload": "adam_offload",
+    "param_offload": "param_offload",
+    "deepspeed_enable_sleep": "deepspeed_enable_sleep",
+    "ref_reward_offload": "ref_reward_offload",
 }
 
 
@@ -217,7 +251,8 @@ class TrainConfig:
 
     reward_fn: str = _rewards("boxed_math", help="registered verifier (boxed_exact: verl's Hendrycks-MATH reward, the "
                               "paper's; boxed_math: math-verify; exact_match; arithmetic) or a Python file defining "
-                              "reward_func(queries, prompts, labels)")
+                              "reward_func(queries, prompts, labels) (FILE.py, or FILE.py:FUNCTION for another "
+                              "name); checked when the command line is parsed")
     reward_num_workers: int = _rewards(1, ge=0, help="reward worker processes (0: in a thread of the driver)")
     reward_timeout: float | None = _rewards(300.0, zero_is_none=True, gt=0, help="seconds allowed to score one step's "
                                             "responses, with any number of workers (0: no limit)")
@@ -262,6 +297,26 @@ class TrainConfig:
     use_ray: bool = _training(True, flag="--no_ray", help="run every agent's worker inside this process (one worker "
                               "per agent; hf backend)")
     seed: int = _training(42, help="seed of sampling, shuffling and initialisation")
+
+    lora_rank: int = _memory(0, ge=0, help="LoRA rank of every agent without its own (0: full-parameter training); "
+                             "the engines receive the merged weights, the reference is the model with its adapter "
+                             "off")
+    lora_alpha: int = _memory(16, gt=0, help="LoRA scaling numerator: the update is (lora_alpha / lora_rank) B A")
+    lora_dropout: float = _memory(0.0, ge=0, lt=1, help="dropout on the LoRA branch's input")
+    target_modules: str = _memory("all-linear", help="modules LoRA adapts: comma-separated module names, or "
+                                  "all-linear (every linear layer but the output head)")
+    adam_offload: bool = _memory(False, help="fp32 master weights, Adam moments and the update on the CPU "
+                                 "(DeepSpeed CPU Adam; ZeRO 1-3)")
+    param_offload: bool = _memory(False, help="parameters on the CPU between uses (ZeRO-3 only)")
+    deepspeed_enable_sleep: bool = _memory(False, help="the policy's weights, gradients and optimizer states leave "
+                                           "the GPU while its vLLM engines generate (ZeRO-1/2; meaningful with "
+                                           "--colocate_all_models)")
+    ref_reward_offload: bool = _memory(False, help="the reference model waits on the CPU between its forwards")
+    gpu_memory_gb: float | None = _memory(None, gt=0, metavar="GIB", help="GPU size in GiB for the memory plan "
+                                          "printed at launch (default: nvidia-smi's smallest GPU of this node; also "
+                                          "plans a GPU layout from a CPU machine)")
+    memory_check: bool = _memory(True, flag="--no_memory_check", help="print the memory plan but launch even when "
+                                 "it estimates that a GPU cannot hold its share")
 
     save_path: str = _outputs("./runs/hacpo", help="run folder: metrics.jsonl, eval.jsonl, hf/<agent>/, tensorboard/")
     ckpt_path: str | None = _outputs(None, help="joint checkpoints [<save_path>/checkpoints]")
@@ -309,6 +364,8 @@ class TrainConfig:
                               "machine's, see docs/training.md, Security)")
     ray_address: str | None = _network(None, help="join an existing Ray cluster (e.g. auto or HOST:6379) instead of "
                                        "starting a local one")
+    allow_straddle: bool = _network(False, help="let an agent's DeepSpeed group or a tensor-parallel engine span nodes "
+                                    "when it fits on no single node (default: refuse such a layout)")
 
     def __post_init__(self) -> None:
         if isinstance(self.adam_betas, list):
@@ -336,6 +393,10 @@ class TrainConfig:
         self.algo.validate()
 
         check_fields(self)  # each field: type, choices, range (its option(...) in the class body)
+        reward_problem = reward_spec_problem(self.reward_fn)  # a registered name or FILE.py[:FUNCTION], not imported
+        if reward_problem:
+            raise ValueError(f"--reward_fn (TrainConfig.reward_fn): {reward_problem}")
+        check_target_modules("--target_modules (TrainConfig.target_modules)", self.target_modules)
         check_only_for(self.algo, functools.partial(only_for_refusal, self.algo), self.algo.algorithm)
         if self.overwrite and self.resume:
             raise ValueError("overwrite and resume exclude each other: --resume continues the run in save_path, "
@@ -384,6 +445,24 @@ class TrainConfig:
             raise ValueError("eval_steps is set but eval_data is not: give --eval_data with --eval_steps")
         if self.eval_before_training and self.eval_data is None:
             raise ValueError("eval_before_training is set but eval_data is not: give --eval_data")
+        self._validate_memory_options()
+
+    def _validate_memory_options(self) -> None:
+        """The offload options against each agent's ZeRO stage (docs/gpu.md, Memory options)."""
+        for agent in self.resolved_agents():
+            where = f"agents[{agent.name!r}]"
+            if agent.param_offload and agent.zero_stage != 3:
+                raise ValueError(f"{where}.param_offload (--param_offload) needs zero_stage=3, got zero_stage="
+                                 f"{agent.zero_stage}: only ZeRO-3 partitions the parameters it could keep on the CPU")
+            if agent.adam_offload and agent.zero_stage == 0:
+                raise ValueError(f"{where}.adam_offload (--adam_offload) needs zero_stage >= 1, got zero_stage=0: "
+                                 "DeepSpeed offloads only a ZeRO optimizer's states")
+            if agent.deepspeed_enable_sleep and agent.zero_stage not in (1, 2):
+                why = ("DeepSpeed moves ZeRO-3 states only with its CUDA FusedAdam, which cannot skip a non-finite "
+                       "update exactly; use --param_offload with --adam_offload instead" if agent.zero_stage == 3
+                       else "zero_stage=0 has no ZeRO optimizer whose states DeepSpeed can move")
+                raise ValueError(f"{where}.deepspeed_enable_sleep (--deepspeed_enable_sleep) needs zero_stage 1 or 2, "
+                                 f"got zero_stage={agent.zero_stage}: {why}")
 
     # ------------------------------------------------------------------------------------------------ derived
     @property

@@ -67,4 +67,12 @@ if builder is not None and builder.is_compatible():
     builder.load(verbose=False)
     print(f"[install] ok: DeepSpeed {builder.absolute_name()} built")
 PY
+# Likewise DeepSpeed's CPU Adam (the optimizer of --adam_offload; over a minute to compile on 2 cores).
+TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.cache/torch_extensions}" "$VENV/bin/python" - <<'PY' || echo "[install] warning: DeepSpeed's cpu_adam op did not build; --adam_offload builds it on first use" >&2
+from deepspeed.ops.op_builder import CPUAdamBuilder
+builder = CPUAdamBuilder()
+if builder.is_compatible():
+    builder.load(verbose=False)
+    print(f"[install] ok: DeepSpeed {builder.absolute_name()} built")
+PY
 stamp_of > "$STAMP"

@@ -33,6 +33,12 @@ import json  # noqa: E402
 
 import pytest  # noqa: E402
 
+# the tiers (unit / integration / e2e) and the guard that keeps unit tests in one process: tests/tier_guard.py
+from tier_guard import (pytest_addoption, pytest_collection_modifyitems, pytest_runtest_setup,  # noqa: E402,F401
+                        pytest_runtest_teardown)
+
+pytest_plugins = ["pytester"]
+
 TESTDATA = pathlib.Path(__file__).parent / "testdata"
 
 

@@ -40,7 +40,10 @@ def former_field_rules(c: TrainConfig) -> None:
                  "gradient_checkpointing", "save_hf", "save_rollouts", "use_wandb", "progress_bar", "resume",
                  "use_ray", "eval_before_training", "allow_zero_lr", "resume_accept_mismatch", "overwrite",
                  "skip_zero_grad_rows", "length_grouping",  # the last three were added after the rules moved
-                 "save_final_checkpoint"):
+                 "save_final_checkpoint",
+                 "adam_offload", "param_offload", "deepspeed_enable_sleep", "ref_reward_offload",  # memory options
+                 "memory_check",
+                 "allow_straddle"):  # placement across nodes
         check_bool(name, getattr(c, name))
     check_bool("enable_thinking", c.enable_thinking, allow_none=True)
     for name in ("prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size",
@@ -65,6 +68,7 @@ def former_field_rules(c: TrainConfig) -> None:
     check_real("vllm_gpu_memory_utilization", c.vllm_gpu_memory_utilization, low=0.0, high=1.0, low_open=True,
                allow_none=True)
     check_real("reward_timeout", c.reward_timeout, low=0.0, low_open=True, allow_none=True)
+    check_real("gpu_memory_gb", c.gpu_memory_gb, low=0.0, low_open=True, allow_none=True)  # the memory plan's
     check_real("step_timeout", c.step_timeout, low=0.0, low_open=True, allow_none=True)
     check_real("actor_learning_rate", c.actor_learning_rate, low=0.0)
     check_real("min_lr_ratio", c.min_lr_ratio, low=0.0, high=1.0)
@@ -74,6 +78,13 @@ def former_field_rules(c: TrainConfig) -> None:
             or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0.0 <= b < 1.0
                        for b in c.adam_betas)):
         fail("adam_betas", "two numbers in [0, 1)", c.adam_betas)
+    # LoRA, added after the rules moved: rank >= 0, alpha > 0, dropout in [0, 1), target modules named
+    check_int("lora_rank", c.lora_rank, 0)
+    check_int("lora_alpha", c.lora_alpha, 1)
+    check_real("lora_dropout", c.lora_dropout, low=0.0)
+    if c.lora_dropout >= 1:
+        fail("lora_dropout", "< 1", c.lora_dropout)
+    check_str("target_modules", c.target_modules)
     check_int("zero_stage", c.zero_stage)
     for f in dataclasses.fields(c):
         if "choices" in f.metadata and getattr(c, f.name) not in f.metadata["choices"]:
@@ -84,7 +95,7 @@ PROBES = [None, True, False, -2, -1, 0, 1, 2, 3, 4, 0.0, 0.5, 1.0, 1.5, -0.5, 1e
           "", "x", "cuda", "vllm", "drop", (0.9, 0.999), (0.0, 0.5), (0.9, 1.0), (-0.1, 0.5), (0.9,), [0.9, 0.99]]
 SWITCHES_NAMED_APART = {"use_ray": "--no_ray", "save_hf": "--no_save_hf", "progress_bar": "--no_progress_bar",
                         "skip_zero_grad_rows": "--no_skip_zero_grad_rows", "length_grouping": "--no_length_grouping",
-                        "save_final_checkpoint": "--no_final_checkpoint"}
+                        "save_final_checkpoint": "--no_final_checkpoint", "memory_check": "--no_memory_check"}
 SCALAR_FIELDS = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("agents", "algo")]
 
 

@@ -25,7 +25,9 @@
 #                    CHAMP problems (champ-dataset wheel) that fit both models, 2 steps per method, transformers
 #                    generate; checks every stage, not accuracy (docs/reproduce.md, "Small scale")
 #
-# Models come from the hub (their ids are in examples/scripts/train_table1.sh and below).
+# Models come from the hub (their ids are in examples/scripts/train_table1.sh and below). Python: the one every launcher
+# takes (scripts/python_env.sh): HACPO_PYTHON or HACPO_VENV when set, else an active environment (VIRTUAL_ENV,
+# CONDA_PREFIX, python3 on PATH) that has the project installed, else the repository's .venv, set up on first use.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -88,11 +90,14 @@ for method in $METHODS; do
     esac
 done
 case "$SHARE_BASELINES" in 0|1) ;; *) echo "reproduce_table1.sh: SHARE_BASELINES must be 0 or 1" >&2; exit 2 ;; esac
+# the project's Python, for every stage and for train_table1.sh (passed on as HACPO_PYTHON)
+source "$ROOT/scripts/python_env.sh"
+hacpo_python || exit
 if [[ "$SCALE" == small ]]; then
     # the two small models (converted / built once, then cached); train_table1.sh reads them from the environment
     # (read from a file: the build imports libraries that may print to stdout on a fresh machine)
     mkdir -p "$DATA_DIR"
-    python3 -m openrlhf_hacpo.cli.reproduce_small models --output "$DATA_DIR/small_models.txt"
+    "$PY" -m openrlhf_hacpo.cli.reproduce_small models --output "$DATA_DIR/small_models.txt"
     MODEL_A=$(sed -n 1p "$DATA_DIR/small_models.txt")
     MODEL_B=$(sed -n 2p "$DATA_DIR/small_models.txt")
     export MODEL_A MODEL_B
@@ -101,16 +106,16 @@ for pair in $PAIRS; do models_of "$pair" > /dev/null; done
 mkdir -p "$DONE"
 
 evaluate() {
-    python3 -m openrlhf_hacpo.cli.evaluate --data "${BENCH_FILES[@]}" --skip_existing "${EVAL_SCALE[@]}" \
+    "$PY" -m openrlhf_hacpo.cli.evaluate --data "${BENCH_FILES[@]}" --skip_existing "${EVAL_SCALE[@]}" \
         "${EVAL_EXTRA[@]}" "$@"
 }
 
 prepare() {
     if [[ "$SCALE" == paper ]]; then
-        python3 -m openrlhf_hacpo.cli.prepare --output_dir "$DATA_DIR" "${PREPARE_EXTRA[@]}"
+        "$PY" -m openrlhf_hacpo.cli.prepare --output_dir "$DATA_DIR" "${PREPARE_EXTRA[@]}"
     else
-        python3 -m openrlhf_hacpo.cli.prepare --sets champ --output_dir "$DATA_DIR" "${PREPARE_EXTRA[@]}"
-        python3 -m openrlhf_hacpo.cli.reproduce_small subset --input "$DATA_DIR/champ.jsonl" \
+        "$PY" -m openrlhf_hacpo.cli.prepare --sets champ --output_dir "$DATA_DIR" "${PREPARE_EXTRA[@]}"
+        "$PY" -m openrlhf_hacpo.cli.reproduce_small subset --input "$DATA_DIR/champ.jsonl" \
             --output "$DATA_DIR/champ_small.jsonl" --models "$MODEL_A" "$MODEL_B" \
             --prompt_max_len "$SMALL_PROMPT_MAX_LEN" --max_rows 2
     fi
@@ -123,9 +128,9 @@ train() {
         [[ "${TRAIN_EXTRA[$i]}" == --ckpt_path ]] && ckpt=(--ckpt_path "${TRAIN_EXTRA[$((i + 1))]}")
     done
     local restart
-    restart=$(python3 -m openrlhf_hacpo.reproduce.run_state "$3" "${ckpt[@]}")
+    restart=$("$PY" -m openrlhf_hacpo.reproduce.run_state "$3" "${ckpt[@]}")
     echo "[reproduce] $1 $2: ${restart:-fresh start} in $3" >&2
-    env SAVE_PATH="$3" DATA_DIR="$DATA_DIR" TRAIN_AGENTS="$4" \
+    env SAVE_PATH="$3" DATA_DIR="$DATA_DIR" TRAIN_AGENTS="$4" HACPO_PYTHON="$PY" \
         bash "$ROOT/examples/scripts/train_table1.sh" "$1" "$2" $restart "${TRAIN_EXTRA[@]}"
 }
 
@@ -168,7 +173,7 @@ for pair in $PAIRS; do
         fi
         for item in "${shared[@]}"; do
             read -r model from <<< "$item"
-            stage "share_${pair}_${method}_${model##*/}" python3 -m openrlhf_hacpo.reproduce.share \
+            stage "share_${pair}_${method}_${model##*/}" "$PY" -m openrlhf_hacpo.reproduce.share \
                 --results "$OUT/eval/$from/$method" --model "$model" --pair "$pair" \
                 --output_dir "$OUT/eval/$pair/$method"
         done
@@ -176,4 +181,4 @@ for pair in $PAIRS; do
 done
 
 # 5. the table, from every result so far
-python3 -m openrlhf_hacpo.cli.table --results "$OUT/eval" --tables 1 --output_dir "$OUT/table"
+"$PY" -m openrlhf_hacpo.cli.table --results "$OUT/eval" --tables 1 --output_dir "$OUT/table"

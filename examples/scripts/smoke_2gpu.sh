@@ -16,11 +16,14 @@
 # 4. evaluates the saved agent greedily and checks that metrics.jsonl holds steps 1, 2, 3.
 # Outputs go to $OUT (default runs/$SMOKE, emptied first). Settings read from the environment: SMOKE (the name in
 # messages and the default output folder), SMOKE_GPUS (GPUs needed, 2), SMOKE_FLAGS (the layout's trainer flags);
-# arguments are passed to both training commands.
+# arguments are passed to both training commands. Python (scripts/python_env.sh): HACPO_PYTHON or PYTHON or HACPO_VENV
+# when set, else an active environment or python3 on PATH with the GPU install (the project, torch, transformers,
+# DeepSpeed, Ray, vLLM), else the repository's .venv when it exists; nothing is installed.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
-PY=${PYTHON:-python3}
+source "$ROOT/scripts/python_env.sh"
+hacpo_python --var PYTHON --no-install openrlhf_hacpo torch transformers deepspeed ray vllm || exit
 SMOKE=${SMOKE:-smoke_2gpu}
 SMOKE_GPUS=${SMOKE_GPUS:-2}
 read -r -a LAYOUT <<< "${SMOKE_FLAGS:---actor_num_gpus_per_node 1 --zero_stage 2 --init_kl_coef 0}"

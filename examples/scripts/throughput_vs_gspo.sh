@@ -13,10 +13,13 @@
 #
 # The first argument, when it does not start with "-", is the configuration; every other argument goes to
 # benchmarks/throughput.py (see `python benchmarks/throughput.py --help`; trainer flags after --). Run folders
-# go to runs/throughput/<config>/. Sets up .venv on first use. Works from any directory.
+# go to runs/throughput/<config>/. Python: as every launcher finds it (scripts/python_env.sh: HACPO_PYTHON or
+# HACPO_VENV when set, else an active environment that has the project installed, else the repository's .venv, set
+# up on first use). Works from any directory.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-bash "$ROOT/scripts/install.sh"
+source "$ROOT/scripts/python_env.sh"
+hacpo_python || exit
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 CONFIG=()
@@ -24,4 +27,4 @@ if [[ $# -gt 0 && "$1" != -* ]]; then
   CONFIG=(--config "$1")
   shift
 fi
-exec "${HACPO_VENV:-$ROOT/.venv}/bin/python" "$ROOT/benchmarks/throughput.py" "${CONFIG[@]}" "$@"
+exec "$PY" "$ROOT/benchmarks/throughput.py" "${CONFIG[@]}" "$@"

@@ -8,15 +8,18 @@
 #
 #   bash examples/scripts/train_hacpo_tiny.sh --rebuild                    # agents built on this machine instead
 #
-# Sets up .venv on first use (scripts/install.sh), takes the agents that ship with the package
+# Runs the project's Python as every launcher finds it (scripts/python_env.sh: HACPO_PYTHON or HACPO_VENV when set,
+# else an active environment that has the project installed, else the repository's .venv, set up on first use by
+# scripts/install.sh), takes the agents that ship with the package
 # (openrlhf_hacpo/zoo/agents, checked against their manifests; nothing is built), trains them together through
 # `python -m openrlhf_hacpo.cli.train_hacpo`, which evaluates them before, during and after training, and prints a
 # before/after table beside the README's seed spread for the same preset and algorithm. Outputs go to
 # runs/tiny-<preset>-<algorithm>-s<seed>/ (summary.json, validation.png). Works from any directory.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-bash "$ROOT/scripts/install.sh"
+source "$ROOT/scripts/python_env.sh"
+hacpo_python || exit
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.cache/torch_extensions}"  # built by install.sh
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "${HACPO_VENV:-$ROOT/.venv}/bin/python" -m openrlhf_hacpo.cli.tiny run "$@"
+exec "$PY" -m openrlhf_hacpo.cli.tiny run "$@"

@@ -39,6 +39,9 @@
 #                       to 112 tokens, no joint checkpoint at the end (the HF checkpoints are what the pipeline
 #                       evaluates; a stopped run starts over)
 #
+# Python: the one every launcher takes (scripts/python_env.sh): HACPO_PYTHON or HACPO_VENV when set, else an active
+# environment (VIRTUAL_ENV, CONDA_PREFIX, python3 on PATH) that has the project installed, else the repository's .venv.
+#
 # Start a Ray cluster first (`ray start --head --num-gpus 8`) or let the trainer start a local one.
 set -euo pipefail
 
@@ -131,8 +134,12 @@ else
                  --zero_stage 0 --max_steps 2 --no_progress_bar --no_final_checkpoint)
 fi
 
+# the project's Python (scripts/python_env.sh: HACPO_PYTHON / HACPO_VENV, an environment with the project, .venv)
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/scripts/python_env.sh"
+hacpo_python || exit
+
 set -x
-python3 -m openrlhf_hacpo.cli.train_hacpo \
+"$PY" -m openrlhf_hacpo.cli.train_hacpo \
    "${AGENT_FLAGS[@]}" \
    "${METHOD_FLAGS[@]}" \
    "${SCALE_FLAGS[@]}" \

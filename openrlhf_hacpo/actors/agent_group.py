@@ -43,9 +43,14 @@ class AgentGroup:
         agent_index: this agent's index in ``cfg.agents``.
         total_updates: optimizer updates of the whole run (learning-rate schedule).
         use_gpu: place workers on GPUs (placement groups) instead of CPU processes.
+        node_placement: the node of each of the agent's GPU bundles (:func:`~openrlhf_hacpo.engines.node_plan.
+            plan_nodes`); None lets Ray pack the bundles (a one-node cluster, CPU workers).
+        started_local_ray: the driver started its own local Ray (the group then meets on ``--bind_host``); None
+            asks Ray (:func:`~openrlhf_hacpo.utils.network.driver_started_ray`).
     """
 
-    def __init__(self, cfg: TrainConfig, agent_index: int, total_updates: int, use_gpu: bool = False) -> None:
+    def __init__(self, cfg: TrainConfig, agent_index: int, total_updates: int, use_gpu: bool = False,
+                 node_placement: Any = None, started_local_ray: bool | None = None) -> None:
         self.cfg = cfg
         self.index = agent_index
         self.agent: AgentConfig = cfg.resolved_agents()[agent_index]
@@ -54,11 +59,15 @@ class AgentGroup:
         self.use_gpu = use_gpu
         self.use_ray = cfg.use_ray
         self.timeout_s: float | None = cfg.step_timeout
-        self.needs_reference = cfg.algo.loss.uses_kl
+        # a LoRA agent's reference is its own model with the adapter off, on the policy workers
+        self.needs_reference = cfg.algo.loss.uses_kl and not self.agent.lora_rank
         self.policies: list[Any] = []
         self.reference: Any = None
         self.engines: list[Any] = []
         self._placement_group = None
+        self._engine_placement_group = None
+        self.node_placement = node_placement
+        self.started_local_ray = started_local_ray
         self._broadcast_ready = False
         self._engines_sleep = False
         self._engines_awake = False
@@ -86,18 +95,19 @@ class AgentGroup:
                                              pad_token_id=policy.pad_token_id,
                                              micro_batch_size=self.cfg.micro_train_batch_size,
                                              logprob_path=self.cfg.logprob_path,
-                                             kernel_backend=self.cfg.kernel_backend, device=self.cfg.device)
+                                             kernel_backend=self.cfg.kernel_backend, device=self.cfg.device,
+                                             offload=self.agent.ref_reward_offload)
             self.reference.setup()
             policy.set_reference(self.reference)
         return Pending(self, "policy", [info], list, remote=False)
 
     def _launch_ray(self) -> Pending:
-        from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         from openrlhf_hacpo.actors.policy import policy_actor_class
         from openrlhf_hacpo.actors.reference import reference_actor_class
-        from openrlhf_hacpo.engines.placement import wait_placement_group
+        from openrlhf_hacpo.engines.placement import gpu_bundle_group, wait_placement_group
+        from openrlhf_hacpo.utils.network import driver_started_ray
 
         dp = self.agent.dp_size
         colocate = self.cfg.colocate_all_models
@@ -108,7 +118,8 @@ class AgentGroup:
             bundles = dp
             if colocate and self.cfg.rollout_backend == "vllm":
                 bundles = max(dp, self.agent.vllm_num_engines * self.agent.vllm_tensor_parallel_size)
-            self._placement_group = placement_group([{"GPU": 1, "CPU": 1}] * bundles, strategy="PACK")
+            nodes = self.node_placement.policy if self.node_placement is not None else None
+            self._placement_group = gpu_bundle_group(bundles, nodes)
             try:
                 wait_placement_group(self._placement_group, self.placement_timeout_s,
                                      f"agent {self.name!r}: {bundles} GPU bundle(s) for its policy"
@@ -125,15 +136,17 @@ class AgentGroup:
                                                             placement_group_bundle_index=0)}
         self.policies = [policy_actor_class().options(num_cpus=0, num_gpus=policy_gpus, **strategies[r]).remote(
             self.cfg, self.index, r, dp, None, None, self.total_updates) for r in range(dp)]
-        addr, port = (self._call(self.policies[:1], PolicyWorker.get_master_addr_port, [()], "policy",
-                                 lambda v: v[0]).result()
+        started_local_ray = self.started_local_ray if self.started_local_ray is not None else driver_started_ray()
+        addr, port = (self._call(self.policies[:1], PolicyWorker.get_master_addr_port, [(started_local_ray,)],
+                                 "policy", lambda v: v[0]).result()
                       if dp > 1 else (None, None))
         refs = [p.setup.remote(addr, port) for p in self.policies]
         if self.needs_reference:
             self.reference = reference_actor_class().options(**ref_options).remote(
                 self.agent.pretrain, bf16=self.agent.bf16, attn_implementation=self.agent.attn_implementation,
                 pad_token_id=0, micro_batch_size=self.cfg.micro_train_batch_size,
-                logprob_path=self.cfg.logprob_path, kernel_backend=self.cfg.kernel_backend, device=self.cfg.device)
+                logprob_path=self.cfg.logprob_path, kernel_backend=self.cfg.kernel_backend, device=self.cfg.device,
+                offload=self.agent.ref_reward_offload)
             refs.append(self.reference.setup.remote())
         # colocated engines start once the policies hold their GPU memory, so vLLM sizes its cache to what is left
         engines_after_policies = self.use_gpu and colocate
@@ -167,6 +180,8 @@ class AgentGroup:
         )
         if colocated:
             kwargs["shared_placement_group"] = self._placement_group
+        elif self.use_gpu and self.node_placement is not None:
+            kwargs["engine_placement_group"] = self._pinned_engine_group()
         if not self.use_gpu:
             kwargs["cpu_omp_threads_binds"] = self._cpu_core_binds()
         self.engines = create_vllm_engines(
@@ -179,6 +194,41 @@ class AgentGroup:
         self._engines_sleep = settings.enable_sleep_mode
         if self._engines_sleep:
             self._engines_call(_engine_class().sleep)
+
+    def _pinned_engine_group(self):
+        """The dedicated engines' placement group, each bundle on the node the plan gives it."""
+        from openrlhf_hacpo.engines.placement import gpu_bundle_group, wait_placement_group
+
+        agent = self.agent
+        self._engine_placement_group = gpu_bundle_group(len(self.node_placement.engines), self.node_placement.engines)
+        try:
+            wait_placement_group(self._engine_placement_group, self.placement_timeout_s,
+                                 f"agent {self.name!r}: {agent.vllm_num_engines} engine(s) x TP "
+                                 f"{agent.vllm_tensor_parallel_size} GPUs")
+        except TimeoutError:
+            self._engine_placement_group = None  # removed by the wait
+            raise
+        return self._engine_placement_group
+
+    def locations(self) -> dict[str, Any]:
+        """Where this agent's workers landed: per policy rank, for the reference and per engine actor its node id,
+        node address and GPU ids (a TP engine's actor holds no GPU: its shards sit on the bundles listed under
+        ``planned_nodes``); empty without Ray."""
+        if not self.use_ray:
+            return {}
+        from openrlhf_hacpo.engines.placement import actor_locations
+
+        actors = [*self.policies, *([self.reference] if self.reference is not None else []), *self.engines]
+        found = actor_locations(actors, timeout_s=self.timeout_s)
+        policy, rest = found[:len(self.policies)], found[len(self.policies):]
+        out: dict[str, Any] = {"policy": [{"rank": r, **where} for r, where in enumerate(policy)]}
+        if self.reference is not None:
+            out["reference"], rest = rest[0], rest[1:]
+        out["engines"] = [{"engine": i, **where} for i, where in enumerate(rest)]
+        if self.node_placement is not None and not (self.use_gpu and self.cfg.colocate_all_models):
+            for i, entry in enumerate(out["engines"]):
+                entry["planned_nodes"] = list(self.node_placement.engine_nodes(i))
+        return out
 
     def _cpu_core_binds(self) -> list[str]:
         """This agent's share of the host's cores for its CPU engines: every engine of every agent gets its own
@@ -198,7 +248,13 @@ class AgentGroup:
     def _wake_engines(self) -> None:
         """Sleep mode, before a generation: wake whatever the engines still have asleep (everything, or after a
         weight sync, which woke only the weights, the KV cache). Engines hold GPU memory only from a weight sync or
-        a generation to the end of the next generation."""
+        a generation to the end of the next generation.
+
+        With ``deepspeed_enable_sleep`` the policies' DeepSpeed states leave the device first
+        (:meth:`PolicyWorker.sleep`); they come back when the policies next score or train (:meth:`PolicyWorker.wake`,
+        after the engines slept again)."""
+        if self.agent.deepspeed_enable_sleep:
+            self._all_policies(PolicyWorker.sleep, combine=lambda v: None).result()
         if self._engines_sleep and not self._engines_awake:
             self._engines_call(_engine_class().wake_up)
             self._engines_awake = True
@@ -297,6 +353,8 @@ class AgentGroup:
         def combine(parts: list[list[GenerationOutput]]) -> list[GenerationOutput]:
             if self.cfg.rollout_backend == "vllm":
                 self._sleep_engines()
+                if self.agent.deepspeed_enable_sleep:
+                    self._all_policies(PolicyWorker.wake, combine=lambda v: None).result()
             out = []
             for shard, outs in zip(shards, parts):
                 out.extend(reindex(o, shard[o.prompt_index]) for o in outs)
@@ -378,11 +436,12 @@ class AgentGroup:
                     ray.kill(actor)
                 except Exception:  # noqa: BLE001 - already dead
                     pass
-        if self._placement_group is not None:
-            from ray.util.placement_group import remove_placement_group
+        from ray.util.placement_group import remove_placement_group
 
-            remove_placement_group(self._placement_group)
-            self._placement_group = None
+        for group in (self._placement_group, self._engine_placement_group):
+            if group is not None:
+                remove_placement_group(group)
+        self._placement_group = self._engine_placement_group = None
 
 
 def _first_of(value: Any, *_: Any) -> Any:

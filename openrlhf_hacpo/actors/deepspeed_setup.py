@@ -2,27 +2,39 @@
 
 :func:`init_agent_process_group` joins this rank to its agent's own ``torch.distributed`` group (gloo on CPU, NCCL
 on GPU), so agents never synchronise with each other; :func:`build_policy_engine` loads the model and wraps it in
-DeepSpeed with :class:`SkippableAdamW` (how a non-finite loss skips an update) and the learning-rate schedule
-(:class:`SkipAwareScheduler`: a skipped update does not advance it).
+DeepSpeed with a skippable Adam (:class:`SkippableAdamW`, or with ``adam_offload`` the CPU Adam of
+:func:`skippable_cpu_adam_class`: how a non-finite loss skips an update) and the learning-rate schedule
+(:class:`SkipAwareScheduler`: a skipped update does not advance it). :class:`EngineStateSleep` moves the engine's
+states off the device while colocated rollout engines generate (``deepspeed_enable_sleep``).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
-from openrlhf_hacpo.utils.network import free_port
+from openrlhf_hacpo.utils.network import free_port, gloo_interface, host_interfaces, is_loopback
 
-__all__ = ["TrainingParts", "SkipAwareScheduler", "SkippableAdamW", "build_ds_config", "build_policy_engine",
-           "init_agent_process_group"]
+__all__ = ["EngineStateSleep", "TrainingParts", "SkipAwareScheduler", "SkippableAdamW", "SkippableOptimizer",
+           "SkipStepMixin", "build_ds_config", "build_optimizer", "build_policy_engine", "init_agent_process_group",
+           "skippable_cpu_adam_class"]
 
 
-class SkippableAdamW(torch.optim.AdamW):
-    """AdamW whose ``step`` is a no-op while ``skip_next_step`` is True.
+class SkippableOptimizer(Protocol):
+    """What the update loop and :class:`SkipAwareScheduler` need of the client optimizer: a ``skip_next_step``
+    flag (set before ``engine.step()``, cleared afterwards) and torch's ``param_groups``."""
+
+    skip_next_step: bool
+    param_groups: list[dict[str, Any]]
+
+
+class SkipStepMixin:
+    """Makes a torch optimizer's ``step`` a no-op while ``skip_next_step`` is True (mixed in before the optimizer).
 
     DeepSpeed runs its whole update path (gradient reduction, clipping, fp32 master copy, zeroing) unchanged; only
     the parameter and moment update is left out, which is how a non-finite loss skips an update.
@@ -42,8 +54,45 @@ class SkippableAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
+class SkippableAdamW(SkipStepMixin, torch.optim.AdamW):
+    """torch's AdamW with the ``skip_next_step`` flag of :class:`SkipStepMixin` (states on the parameters' device)."""
+
+
+@functools.cache
+def skippable_cpu_adam_class() -> type:
+    """DeepSpeed's ``DeepSpeedCPUAdam`` (AdamW mode) with the ``skip_next_step`` flag of :class:`SkipStepMixin`.
+
+    The optimizer of ``adam_offload``: DeepSpeed's ``offload_optimizer`` accepts only its own CPU optimizers, so the
+    skip lives on a subclass of one. It is stepped per (sub-)group exactly like :class:`SkippableAdamW`, and its
+    ``step_subgroup`` (the per-sub-group entry point some ZeRO-3 paths use) honours the flag too. Made on first use:
+    the class statement imports DeepSpeed, and the first instance JIT-builds DeepSpeed's ``cpu_adam`` op (cached in
+    ``TORCH_EXTENSIONS_DIR``; ``scripts/install.sh`` prebuilds it).
+    """
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    class SkippableCPUAdam(SkipStepMixin, DeepSpeedCPUAdam):
+        __doc__ = "DeepSpeedCPUAdam whose ``step`` (and ``step_subgroup``) is a no-op while ``skip_next_step`` is set."
+
+        def step_subgroup(self, subgroup_id: int, closure=None):  # noqa: D102 - DeepSpeed API
+            if self.skip_next_step:
+                return None
+            return super().step_subgroup(subgroup_id, closure)
+
+    return SkippableCPUAdam
+
+
+def build_optimizer(params: Any, agent: AgentConfig, lr: float, betas: tuple[float, float]) -> SkippableOptimizer:
+    """The agent's skippable AdamW: :class:`SkippableAdamW`, or the CPU Adam of :func:`skippable_cpu_adam_class`
+    when ``agent.adam_offload`` keeps the optimizer states (and the update) on the CPU. Both compute decoupled
+    weight decay AdamW with bias correction, eps 1e-8."""
+    if agent.adam_offload:
+        return skippable_cpu_adam_class()(params, lr=lr, betas=betas, adamw_mode=True)
+    return SkippableAdamW(params, lr=lr, betas=betas)
+
+
 class SkipAwareScheduler:
-    """A learning-rate scheduler that does not advance on an update :class:`SkippableAdamW` skipped.
+    """A learning-rate scheduler that does not advance on an update the client optimizer skipped
+    (:class:`SkippableOptimizer`).
 
     ``DeepSpeedEngine.step()`` steps the client scheduler after every optimizer step unless *its own* fp16 overflow
     check fired; it knows nothing of a skip decided by the caller, so without this wrapper a skipped update would
@@ -53,7 +102,7 @@ class SkipAwareScheduler:
     ``get_last_lr``, ...) is the wrapped scheduler's, so checkpoints hold the same state as before.
     """
 
-    def __init__(self, scheduler: Any, optimizer: SkippableAdamW) -> None:
+    def __init__(self, scheduler: Any, optimizer: SkippableOptimizer) -> None:
         self.scheduler = scheduler
         self.optimizer = optimizer
 
@@ -79,11 +128,20 @@ class SkipAwareScheduler:
 
 
 def build_ds_config(cfg: TrainConfig, agent: AgentConfig) -> dict[str, Any]:
-    """DeepSpeed config of an agent's policy engine (ZeRO stage, bf16, clipping, accumulation)."""
+    """DeepSpeed config of an agent's policy engine (ZeRO stage, bf16, clipping, accumulation, CPU offload).
+
+    ``adam_offload`` adds ``offload_optimizer`` (fp32 master weights, Adam moments and the update on the CPU; ZeRO
+    1-3) and ``param_offload`` adds ``offload_param`` (ZeRO-3's parameter partitions on the CPU between uses), both
+    in pinned memory.
+    """
     gas = cfg.train_batch_size // (cfg.micro_train_batch_size * agent.dp_size)
     zero: dict[str, Any] = {"stage": agent.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
     if agent.zero_stage == 3:
         zero.update(stage3_param_persistence_threshold=0, stage3_gather_16bit_weights_on_model_save=True)
+    if agent.adam_offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if agent.param_offload:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return {
         "train_batch_size": cfg.train_batch_size,
         "train_micro_batch_size_per_gpu": cfg.micro_train_batch_size,
@@ -134,13 +192,53 @@ def init_agent_process_group(cfg: TrainConfig, agent: AgentConfig, rank: int, wo
         return
     os.environ["MASTER_ADDR"] = master_addr or cfg.bind_host
     os.environ["MASTER_PORT"] = str(master_port or free_port(os.environ["MASTER_ADDR"]))
-    if cfg.ray_address is None and cfg.bind_host in ("127.0.0.1", "localhost"):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's pair connections on loopback too
+    if "GLOO_SOCKET_IFNAME" not in os.environ:
+        # gloo's pair connections leave through this rank's own address: loopback when the group meets on loopback
+        # (every rank on this machine), else this worker's node address (other ranks may sit on other nodes)
+        own_address = os.environ["MASTER_ADDR"]
+        if not is_loopback(own_address):
+            import ray
+
+            own_address = ray.util.get_node_ip_address() if ray.is_initialized() else own_address
+        interface = gloo_interface(own_address, host_interfaces())
+        if interface is not None:
+            os.environ["GLOO_SOCKET_IFNAME"] = interface
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ["LOCAL_RANK"] = str(torch.cuda.current_device() if device.type == "cuda" else 0)
     backend = "nccl" if device.type == "cuda" else "gloo"
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
+
+
+class EngineStateSleep:
+    """Moves a DeepSpeed engine's states off the device and back (``deepspeed_enable_sleep``).
+
+    :meth:`sleep` calls ``engine.offload_states()`` (bf16/fp32 model weights, gradients, fp32 master weights and Adam
+    moments to pinned CPU memory; with ``adam_offload`` DeepSpeed leaves out what is already on the CPU) and
+    :meth:`wake` ``engine.reload_states()``. Both are idempotent, and no-ops when ``enabled`` is False. ZeRO-1/2
+    only: DeepSpeed's ZeRO-3 ``offload_states`` accepts only its CUDA ``FusedAdam``, which has no exact skip, so the
+    configuration refuses ``deepspeed_enable_sleep`` with ZeRO-3 (and with ZeRO-0, which has no ZeRO optimizer to
+    move the states). On the CPU the states stay where they are, but the calls run.
+    """
+
+    def __init__(self, engine: Any, enabled: bool) -> None:
+        self.engine = engine
+        self.enabled = bool(enabled)
+        self.asleep = False
+
+    def sleep(self) -> None:
+        if not self.enabled or self.asleep:
+            return
+        from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
+
+        self.engine.offload_states(device=OffloadDeviceEnum.cpu, pin_memory=True)
+        self.asleep = True
+
+    def wake(self) -> None:
+        if not self.asleep:
+            return
+        self.engine.reload_states()
+        self.asleep = False
 
 
 @dataclass
@@ -150,16 +248,20 @@ class TrainingParts:
 
     engine: Any
     model: torch.nn.Module
-    client_optimizer: SkippableAdamW
+    client_optimizer: SkippableOptimizer
     scheduler: Any
     hf_ds_config: Any = None
     """ZeRO-3: transformers' handle that partitions weights while loading (kept alive with the engine)."""
+    states: EngineStateSleep | None = None
+    """Moves the engine's states off the device and back (``deepspeed_enable_sleep``; no-ops when off)."""
 
 
 def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, total_updates: int) -> TrainingParts:
     """Load the agent's model and wrap it in DeepSpeed (ZeRO-3 partitions it while loading)."""
     import deepspeed
     from transformers import AutoModelForCausalLM
+
+    from openrlhf_hacpo.actors.lora import apply_lora
 
     for name in ("DeepSpeed", "deepspeed"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -184,10 +286,11 @@ def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, total_updates: int
     if agent.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    optimizer = SkippableAdamW(_grouped_parameters(model, cfg.l2), lr=agent.learning_rate,
-                               betas=tuple(cfg.adam_betas))
+    model = apply_lora(model, agent)  # lora_rank > 0: a peft model whose adapter alone requires gradients
+    optimizer = build_optimizer(_grouped_parameters(model, cfg.l2), agent, agent.learning_rate,
+                                tuple(cfg.adam_betas))
     scheduler = SkipAwareScheduler(_lr_scheduler(cfg, optimizer, total_updates), optimizer)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds_config, dist_init_required=False)
     return TrainingParts(engine=engine, model=engine.module, client_optimizer=optimizer, scheduler=scheduler,
-                        hf_ds_config=hf_ds_config)
+                         hf_ds_config=hf_ds_config, states=EngineStateSleep(engine, agent.deepspeed_enable_sleep))

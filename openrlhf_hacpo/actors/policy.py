@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 from openrlhf_hacpo.actors.deepspeed_setup import build_policy_engine, init_agent_process_group
+from openrlhf_hacpo.actors.lora import AdapterDisabledReference
 from openrlhf_hacpo.actors.policy_io import PolicyIO
 from openrlhf_hacpo.actors.results import RankTrainResult, RolloutResult, WorkerInfo
 from openrlhf_hacpo.actors.scoring import RenderedPrompts, RolloutScorer, view_config
@@ -29,7 +30,7 @@ from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
 from openrlhf_hacpo.models.tokenizer import load_tokenizer
 from openrlhf_hacpo.rollout import Trajectory
-from openrlhf_hacpo.utils.network import free_port
+from openrlhf_hacpo.utils.network import free_port, rendezvous_host
 from openrlhf_hacpo.utils.timing import PhaseTimer
 
 __all__ = ["PolicyWorker", "policy_actor_class"]
@@ -59,14 +60,13 @@ class PolicyWorker:
         self.master_addr, self.master_port = master_addr, master_port
         self.total_updates = total_updates
 
-    def get_master_addr_port(self) -> tuple[str, int]:
-        """Rendezvous of the agent's process group (called on rank 0): ``--bind_host`` (loopback by default) for a
-        single-machine run, this node's address when the run joins a cluster (``--ray_address``)."""
-        if self.cfg.ray_address is None:
-            return self.cfg.bind_host, free_port(self.cfg.bind_host)
+    def get_master_addr_port(self, started_local_ray: bool) -> tuple[str, int]:
+        """Rendezvous of the agent's process group (called on rank 0): ``--bind_host`` (loopback by default) when the
+        driver started its own local Ray, else this node's address, however the run joined its cluster
+        (:func:`~openrlhf_hacpo.utils.network.rendezvous_host`)."""
         import ray
 
-        address = ray.util.get_node_ip_address()
+        address = rendezvous_host(started_local_ray, self.cfg.bind_host, ray.util.get_node_ip_address())
         return address, free_port(address)
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> WorkerInfo:
@@ -88,6 +88,7 @@ class PolicyWorker:
         built = build_policy_engine(self.cfg, agent, self.total_updates)
         self.engine, self.model, self.client_optimizer = built.engine, built.model, built.client_optimizer
         self._hf_ds_config = built.hf_ds_config  # ZeRO-3: keeps transformers' loading config alive
+        self.states = built.states  # deepspeed_enable_sleep: see sleep() / wake()
         self.pad_token_id = int(self.tokenizer.pad_token_id)
         eos_token_ids = resolve_eos_token_ids(self.model, self.tokenizer)
         # a fixed generation batch: the sampled tokens of a seeded step must not depend on training batch sizes
@@ -98,12 +99,18 @@ class PolicyWorker:
         self.updater = UpdateLoop(self.cfg, agent, self.agent_index, self.rank, self.world_size, self.engine,
                                   self.client_optimizer, self.tokenizer, view_config(self.cfg), self.device)
         self.io = PolicyIO(agent, self.engine, self.tokenizer, self.rank, self.world_size, self.device)
+        if agent.lora_rank and self.cfg.algo.loss.uses_kl:
+            # a LoRA agent's reference is its own model with the adapter off: no reference worker is launched
+            self.updater.reference = AdapterDisabledReference(
+                self.model, self.pad_token_id, self.cfg.micro_train_batch_size, self.device,
+                logprob_path=self.cfg.logprob_path, kernel_backend=self.cfg.kernel_backend)
         return WorkerInfo(agent=agent.name, rank=self.rank,
                           num_parameters=sum(p.numel() for p in self.model.parameters()),
                           vocab_size=len(self.tokenizer), eos_token_ids=tuple(eos_token_ids), device=str(self.device))
 
     def set_reference(self, reference: Any) -> None:
-        """Handle of this agent's reference worker (a Ray actor handle or a plain :class:`ReferenceWorker`)."""
+        """Handle of this agent's reference worker (a Ray actor handle or a plain :class:`ReferenceWorker`); a LoRA
+        agent has none (its reference is :class:`~openrlhf_hacpo.actors.lora.AdapterDisabledReference`)."""
         self.updater.reference = reference
 
     # ------------------------------------------------------------------------------------------------ rollout
@@ -141,8 +148,18 @@ class PolicyWorker:
         straight to this call). Only the ``scoring`` phase is timed here: the agent group times the engines'
         ``generate``.
         """
+        self.wake()
         outputs = outputs_for_shard(shard, engine_shards, engine_outputs)
         return self._scored(prompts, rendered, outputs, step, PhaseTimer())
+
+    def sleep(self) -> None:
+        """``deepspeed_enable_sleep``: move the engine's weights, gradients and optimizer states off the device while
+        colocated vLLM engines generate (DeepSpeed ``offload_states``); a no-op when the option is off or asleep."""
+        self.states.sleep()
+
+    def wake(self) -> None:
+        """Bring back what :meth:`sleep` moved (DeepSpeed ``reload_states``); a no-op when nothing is asleep."""
+        self.states.wake()
 
     def _scored(self, prompts: Sequence[Any], rendered: RenderedPrompts, outputs: Sequence[GenerationOutput],
                 step: int, timer: PhaseTimer) -> RolloutResult:
@@ -157,6 +174,7 @@ class PolicyWorker:
     def train_step(self, trajectories: Sequence[Trajectory], step: int,
                    ratios: CapabilityRatios) -> RankTrainResult:
         """Update the policy on one step's trajectories (see :meth:`UpdateLoop.train_step`)."""
+        self.wake()
         return self.updater.train_step(trajectories, step, ratios)
 
     # ------------------------------------------------------------------------------------------------ weights, state

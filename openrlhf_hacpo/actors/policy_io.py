@@ -3,7 +3,8 @@
 * Export: the full state dict by HF name (:meth:`PolicyIO.state_dict_for_sync`), the weight sync to the agent's
   vLLM engines (object store, NCCL broadcast or CUDA IPC) and ``from_pretrained``-loadable checkpoints
   (:meth:`PolicyIO.save_hf`). Under ZeRO-3 every rank takes part: tensors are gathered bucket by bucket
-  (:mod:`openrlhf_hacpo.actors.weight_export`).
+  (:mod:`openrlhf_hacpo.actors.weight_export`). A LoRA agent exports its merged weights under the base model's
+  names on every path (:mod:`openrlhf_hacpo.actors.lora`), so the engines sample the trained adapter.
 * Training state: DeepSpeed's checkpoint (weights, optimizer, scheduler) plus the caller's counters and every RNG.
 """
 from __future__ import annotations
@@ -132,10 +133,10 @@ class PolicyIO:
             for _ in stream:  # take part in the ZeRO-3 gathers
                 pass
             return 0
-        from openrlhf_hacpo.actors.weight_export import weight_entries
+        from openrlhf_hacpo.actors.weight_export import export_entries
 
         specs = [(name, dtype_name(entry.tensor.dtype), list(entry.full_shape))
-                 for entry in weight_entries(self.model) for name in entry.names]
+                 for entry in export_entries(self.model) for name in entry.names]
         broadcast_weights_to_engines(engines, stream, self._engine_group, specs=specs)
         return len(specs)
 
@@ -169,11 +170,14 @@ class PolicyIO:
         ``dtype="auto"`` stores the floating tensors in the dtype of the agent's pretrained checkpoint (its config's
         ``dtype``; the training dtype when the config names none), so a bf16 model trained in fp32 comes back in
         bf16; ``"float32"``, ``"bfloat16"`` or ``"float16"`` choose one. Tied weights are stored once, as
-        ``save_pretrained`` does for the model itself. Every rank must call it (ZeRO-3 gathers bucket by bucket);
-        rank 0 writes. Returns the path on rank 0.
+        ``save_pretrained`` does for the model itself. A LoRA agent writes its merged weights under the base model's
+        names (plain ``from_pretrained`` loads them) and its adapter in ``adapter/`` (``PeftModel.from_pretrained``
+        on the pretrained model loads it). Every rank must call it (ZeRO-3 gathers bucket by bucket); rank 0 writes.
+        Returns the path on rank 0.
         """
         import json
 
+        from openrlhf_hacpo.actors.lora import adapter_state_dict, base_model, is_lora_model
         from openrlhf_hacpo.utils.atomic import atomic_dir
 
         target = self._hf_save_dtype(dtype)
@@ -186,10 +190,15 @@ class PolicyIO:
                 cast = target if tensor.is_floating_point() else tensor.dtype
                 copy = tensor.to("cpu", dtype=cast, copy=True)
                 state.update((name, copy) for name in entry.names)  # one tensor: the tie survives the save
+        lora = is_lora_model(self.model)
+        adapter = adapter_state_dict(self.model, zero3=self.agent.zero_stage == 3) if lora else {}
         if self.rank != 0:
             return None
         with atomic_dir(path) as tmp:
-            self.model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            base_model(self.model).save_pretrained(tmp, state_dict=state, safe_serialization=True)
+            if lora:
+                self.model.save_pretrained(os.path.join(tmp, "adapter"), state_dict=adapter,
+                                           safe_serialization=True, save_embedding_layers=False)
             self.tokenizer.save_pretrained(tmp)
             # save_pretrained names the training dtype; config.json must name the stored one
             config_file = Path(tmp) / "config.json"

@@ -1,12 +1,13 @@
 """The frozen reference policy of one agent (its initial weights), for the KL term on own rows (docs/algorithm.md §3).
 
-Log-probs come from :func:`openrlhf_hacpo.models.score_logprobs` (the fused LM-head path by default).
+Log-probs come from :func:`openrlhf_hacpo.models.score_logprobs` (the fused LM-head path by default). With
+``ref_reward_offload`` the model waits on the CPU between its forwards and visits the device only to score.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -26,11 +27,13 @@ class ReferenceWorker:
         micro_batch_size: rows per forward.
         logprob_path / kernel_backend: see :func:`openrlhf_hacpo.models.response_logprobs`.
         device: ``"cpu"`` keeps the model on the CPU even where CUDA is present (``--device cpu``).
+        offload: keep the model on the CPU between calls and move it to the device for each
+            :meth:`compute_logprobs` (``ref_reward_offload``; on a CPU device the moves change nothing).
     """
 
     def __init__(self, pretrain: str, bf16: bool = False, attn_implementation: str = "sdpa",
                  pad_token_id: int = 0, micro_batch_size: int = 8, logprob_path: str = "fused",
-                 kernel_backend: str = "auto", device: str = "auto") -> None:
+                 kernel_backend: str = "auto", device: str = "auto", offload: bool = False) -> None:
         self.pretrain = pretrain
         self.bf16 = bf16
         self.attn_implementation = attn_implementation
@@ -39,6 +42,7 @@ class ReferenceWorker:
         self.logprob_path = logprob_path
         self.kernel_backend = kernel_backend
         self.requested_device = device
+        self.offload = bool(offload)
         self.model = None
 
     def setup(self) -> dict[str, Any]:
@@ -54,8 +58,8 @@ class ReferenceWorker:
         except OSError as err:
             raise FileNotFoundError(f"reference model {self.pretrain!r} cannot be loaded: {err}") from err
         model.requires_grad_(False)
-        self.model = model.to(device).eval()
         self.device = device
+        self.model = model.to(self._resting_device).eval()
         return {"num_parameters": sum(p.numel() for p in self.model.parameters())}
 
     def compute_logprobs(self, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
@@ -64,9 +68,29 @@ class ReferenceWorker:
         ``group_by_length`` packs rows of similar length together (same values, less padding computed)."""
         if self.model is None:
             raise RuntimeError("ReferenceWorker.setup() was not called")
-        return score_logprobs(self.model, prompt_ids, response_ids, self.pad_token_id, temperature,
-                              self.micro_batch_size, self.device, path=self.logprob_path, backend=self.kernel_backend,
-                              group_by_length=group_by_length)
+        with self._on_device():
+            return score_logprobs(self.model, prompt_ids, response_ids, self.pad_token_id, temperature,
+                                  self.micro_batch_size, self.device, path=self.logprob_path,
+                                  backend=self.kernel_backend, group_by_length=group_by_length)
+
+    @property
+    def _resting_device(self) -> torch.device:
+        """Where the model waits between calls: the CPU with ``offload``, else the device it scores on."""
+        return torch.device("cpu") if self.offload else self.device
+
+    @contextlib.contextmanager
+    def _on_device(self) -> Iterator[None]:
+        """The model on the scoring device for the block, back where it rests afterwards (errors included)."""
+        if not self.offload:
+            yield
+            return
+        self.model.to(self.device)
+        try:
+            yield
+        finally:
+            self.model.to(self._resting_device)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
 
 
 @functools.cache

@@ -1,8 +1,8 @@
 """From sampled responses to trajectories: prompt rendering and the old-log-prob recompute of own responses.
 
 The ratio denominator of the policy loss is the policy's own recompute at the rollout temperature, not the engine's
-log-probs (docs/algorithm.md §5). Each prompt is rendered once per call, as ids (what the model generates from, left-truncated
-to ``prompt_max_len``) and as text (what reward functions read).
+log-probs (docs/training.md, "One step"). Each prompt is rendered once per call, as ids (what the model generates
+from, left-truncated to ``prompt_max_len``) and as text (what reward functions read).
 """
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from typing import Any, Sequence
 
 import torch
 
-from openrlhf_hacpo.actors.deepspeed_setup import SkippableAdamW
+from openrlhf_hacpo.actors.deepspeed_setup import SkippableOptimizer
 from openrlhf_hacpo.actors.learner_metrics import record_loss_metrics, record_view_stats
 from openrlhf_hacpo.actors.results import RankTrainResult
 from openrlhf_hacpo.algorithms import CapabilityRatios, LossTotals, compute_advantages, get_policy_loss
@@ -78,6 +78,7 @@ class _Work:
     real_update: int = 0
     positions_probe: int = 0
     real_probe: int = 0
+    rows_backward_index: list[int] = dataclasses.field(default_factory=list)  # row_index of those rows_backward
 
     def add(self, other: "_Work") -> None:
         for name in self.__dataclass_fields__:
@@ -92,7 +93,7 @@ class UpdateLoop:
     """
 
     def __init__(self, cfg: TrainConfig, agent: AgentConfig, agent_index: int, rank: int, world_size: int,
-                 engine: Any, client_optimizer: SkippableAdamW, tokenizer: Any, view_cfg: LearnerViewConfig,
+                 engine: Any, client_optimizer: SkippableOptimizer, tokenizer: Any, view_cfg: LearnerViewConfig,
                  device: torch.device) -> None:
         self.cfg, self.agent, self.agent_index = cfg, agent, agent_index
         self.rank, self.world_size = rank, world_size
@@ -195,11 +196,15 @@ class UpdateLoop:
         """Reference log-probs of this rank's own rows (the KL term covers own rows only), by row index."""
         if self.reference is None:
             raise RuntimeError(f"agent {self.agent.name!r}: kl_coef > 0 but no reference worker is attached")
+        # a reference on the policy's own ZeRO-3 model (a LoRA agent's) gathers collectively: every rank scores its
+        # whole share, so all ranks run the same number of forward passes
+        every_row = (self.world_size > 1 and self.agent.zero_stage == 3
+                     and getattr(self.reference, "runs_on_policy_model", False))
         wanted: dict[int, Any] = {}
         for minibatch in plan:
             share = self._my_share(minibatch)
             for row, index in zip(share.rows, share.row_index.tolist()):
-                if row.is_own:
+                if row.is_own or every_row:
                     wanted[index] = row
         indices = sorted(wanted)
         args = ([wanted[i].prompt_ids for i in indices], [wanted[i].response_ids for i in indices],
@@ -252,6 +257,7 @@ class UpdateLoop:
                     micro = micros[i].packed(self.pad_token_id, device=self.device)
                     loss, out = self.micro_loss(micro, m, totals, ref_logp, params)
                     done.rows_backward += len(micro)
+                    done.rows_backward_index += micros[i].row_index.tolist()
                     done.tokens_backward += int(micro.response_mask.sum())
                     done.positions_update += int(micro.packed.attention_mask.numel())
                     done.real_update += int(micro.packed.attention_mask.sum())

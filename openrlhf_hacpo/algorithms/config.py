@@ -3,9 +3,12 @@
 Defaults follow the official HACPO code (docs/algorithm.md §5), not the paper text, wherever the two differ; every
 paper variant is reachable through a field (see ``docs/algorithm.md`` for the list). Each dataclass validates
 itself in ``__post_init__`` and raises ``ValueError`` naming the offending field (and its ``train_hacpo`` flag, where
-it has one). A field's flag and allowed values (choices, range) are declared with it
-(:func:`~openrlhf_hacpo.utils.options.option`) and checked by :func:`~openrlhf_hacpo.utils.options.check_fields`;
-``validate`` adds only the rules that tie several fields together.
+it has one). Each field's flag is declared with it (:func:`~openrlhf_hacpo.utils.options.option`). The values of
+:class:`CapabilityConfig` and :class:`AdvantageConfig` fields (type, choices, range) are declared there too and
+checked by :func:`~openrlhf_hacpo.utils.options.check_fields`, ``validate`` adding only the rules that tie several
+fields together. The 16 :class:`PolicyLossConfig` fields that are also kernel parameters follow the kernel's one set
+of rules instead (:func:`hacpo_kernels.hacpo_loss.check_loss_params`, the rules :class:`LossParams` applies), named
+by their flags; ``PolicyLossConfig.validate`` checks ``capability_coef`` itself.
 """
 from __future__ import annotations
 

@@ -19,7 +19,8 @@ is dropped from the update. The minimised loss is −(aggregate of the objective
 low-variance (k3) estimate to the reference policy on own rows only.
 
 The math is written once, in :mod:`hacpo_kernels.hacpo_loss` (a Triton kernel for CUDA tensors and its plain-torch
-twin elsewhere). The four losses differ only in three switches of that kernel, so they are four rows of
+twin elsewhere). The four losses differ only in four switches (:class:`PolicyLoss`: ``token_level``, ``foreign``,
+``dual_clip``, ``capability_coef``) that choose the kernel's parameters and inputs, so they are four rows of
 :data:`POLICY_LOSSES`, not four functions: a new loss that needs new math is a change to the kernel.
 
 =========  ====================  ===============  ==================  =====================
@@ -27,9 +28,12 @@ name       ratios                foreign rows     own-row dual clip   capability
 =========  ====================  ===============  ==================  =====================
 grpo       token                 refused          yes (c = 3)         –
 gspo       ``ratio_level``       refused          no                  –
-hacpo      sequence              cross (eq. 53)   no                  ``capability_coef``
-naive      sequence              own-row clip     no                  no (ω = 1)
+hacpo      ``ratio_level``       cross (eq. 53)   no                  ``capability_coef``
+naive      ``ratio_level``       own-row clip     no                  no (ω = 1)
 =========  ====================  ===============  ==================  =====================
+
+A ``hacpo`` or ``naive`` run has sequence ratios: :class:`~openrlhf_hacpo.algorithms.config.HACPOConfig` refuses
+``ratio_level="token"`` for an algorithm that trains on foreign rows.
 """
 from __future__ import annotations
 

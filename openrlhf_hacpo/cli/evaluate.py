@@ -19,8 +19,9 @@ from typing import Sequence
 
 from openrlhf_hacpo.reproduce.evaluate import EvalSettings, evaluate_target, find_targets, load_benchmarks
 from openrlhf_hacpo.reproduce.generation import BACKENDS
+from openrlhf_hacpo.rollout.rewards import reward_spec_problem
 
-__all__ = ["build_parser", "parse_sampled", "main"]
+__all__ = ["build_parser", "parse_sampled", "reward_spec", "main"]
 
 
 def parse_sampled(items: Sequence[str]) -> dict[str, int]:
@@ -34,6 +35,15 @@ def parse_sampled(items: Sequence[str]) -> dict[str, int]:
             raise ValueError(f"--sampled {item!r}: expected DATA_SOURCE:K, e.g. aime25:30")
         out[source] = int(k)
     return out
+
+
+def reward_spec(text: str) -> str:
+    """The ``--reward_fn`` value when it names a reward function (a registered verifier or ``FILE.py[:FUNCTION]``,
+    see :func:`~openrlhf_hacpo.rollout.rewards.reward_spec_problem`), else the parser's error with the known names."""
+    problem = reward_spec_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,8 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top_p", type=float, default=d.top_p)
     p.add_argument("--top_k", type=int, default=d.top_k)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--reward_fn", default=d.reward_fn,
-                   help="verifier: boxed_exact reproduces the official reward; boxed_math is math-verify's lenient one")
+    p.add_argument("--reward_fn", default=d.reward_fn, type=reward_spec,
+                   help="verifier: boxed_exact reproduces the official reward; boxed_math is math-verify's lenient "
+                   "one; or a reward file FILE.py[:FUNCTION]")
     p.add_argument("--no_chat_template", action="store_true", help="feed the raw prompt text")
     p.add_argument("--enable_thinking", action="store_true", help="pass enable_thinking=True to chat templates")
     p.add_argument("--dtype", default=d.dtype, choices=("bfloat16", "float16", "float32"))

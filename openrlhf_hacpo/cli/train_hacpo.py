@@ -93,11 +93,18 @@ def load_agents_file(path: str) -> list[AgentConfig]:
     if not file.is_file():
         raise FileNotFoundError(f"agents config {path} does not exist")
     try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+        # libyaml's loader when built in: same documents, linear time on deep nesting (the Python one is quadratic)
+        data = yaml.load(file.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except UnicodeDecodeError as err:
+        line = err.object.count(b"\n", 0, err.start) + 1
+        raise ValueError(f"agents config {path}:{line}: byte 0x{err.object[err.start]:02x} is not valid UTF-8 (YAML "
+                         "files must be UTF-8 encoded)") from None
     except yaml.YAMLError as err:
         raise ValueError(f"agents config {path}: invalid YAML ({err})") from err
+    except RecursionError:
+        raise ValueError(f"agents config {path}: invalid YAML (lists or mappings nested too deeply to parse)") from None
     if isinstance(data, dict):
-        unknown = sorted(set(data) - {"agents"})
+        unknown = sorted((key for key in data if key != "agents"), key=str)
         if unknown:
             raise ValueError(f"agents config {path}: unknown top-level key(s) {unknown}; expected 'agents'")
         data = data.get("agents")
@@ -118,6 +125,7 @@ _GROUPS = {  # help sections in --help order, with their descriptions
     "rewards": None,
     "algorithm": "HACPO settings (defaults follow the official code; docs/algorithm.md, section 5)",
     "training": None,
+    "memory": "LoRA, offloading and sleep: larger agents on the same GPUs (docs/gpu.md)",
     "checkpoints and logging": None,
     "evaluation": "greedy accuracy of each agent alone, and pass@k",
     "reliability and network": None,

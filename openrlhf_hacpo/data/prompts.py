@@ -3,20 +3,26 @@ loader.
 
 Every record becomes a :class:`PromptRecord` with a stable ``prompt_id`` (the record's ``prompt_id`` field when
 present, else ``"<file stem>:<row index>"``), the prompt (a string or a list of chat messages, from ``input_key``)
-and the label (from ``label_key``, as a string). Every agent receives the same records, so the prompt id is the
-key that groups all agents' responses to one prompt.
+and the label (from ``label_key``, as a string: a number as its shortest text, a list or object as JSON). Every agent
+receives the same records, so the prompt id is the key that groups all agents' responses to one prompt.
+
+Local files are UTF-8 (a byte-order mark is ignored). A file that cannot be read is a ``ValueError`` naming the file
+and, for text files, the line: bytes that are not UTF-8, invalid JSON, JSON nested too deeply for the parser; a record
+that does not fit names the file and the record (its 0-based index) and the field.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from openrlhf_hacpo.rollout.trajectory import Prompt, validate_prompt
-from openrlhf_hacpo.utils.jsonl import read_jsonl
+from openrlhf_hacpo.utils.jsonl import UTF8_BOM, encoding_hint, read_jsonl
 
 __all__ = ["PromptDataLoader", "PromptRecord", "load_prompt_dataset"]
 
@@ -34,21 +40,56 @@ class PromptRecord:
 
 
 def _decode(data: bytes, path: Path, first_line: int = 1) -> str:
-    """UTF-8 text of ``data``; an undecodable byte is a ``ValueError`` naming the file, line and column."""
+    """UTF-8 text of ``data`` (without a leading byte-order mark); an undecodable byte is a ``ValueError`` naming the
+    file, line and column."""
+    if data.startswith(UTF8_BOM):
+        data = data[len(UTF8_BOM):]
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = first_line + data.count(b"\n", 0, err.start)
         column = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
         raise ValueError(f"{path}:{line}: byte 0x{data[err.start]:02x} at column {column} is not valid UTF-8 "
-                         "(prompt files must be UTF-8 encoded)") from None
+                         f"(prompt files must be UTF-8 encoded{encoding_hint(data)})") from None
+
+
+def _too_deep_line(text: str, limit: int) -> int:
+    """The line where ``text``'s JSON arrays / objects first nest more than ``limit`` deep (strings skipped); 1 when
+    they never do."""
+    depth, line, in_string, escaped = 0, 1, False, False
+    for char in text:
+        if char == "\n":
+            line += 1
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return line
+        elif char in "]}":
+            depth -= 1
+    return 1
 
 
 def _read_json(path: Path, split: str) -> list[Any]:
+    text = _decode(path.read_bytes(), path)
     try:
-        data = json.loads(_decode(path.read_bytes(), path))
+        data = json.loads(text)
     except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}: invalid JSON ({err})") from err
+    except ValueError as err:  # an integer too long to convert
         raise ValueError(f"{path}: invalid JSON ({err})") from err
+    except RecursionError:
+        line = _too_deep_line(text, limit=sys.getrecursionlimit() // 2)
+        raise ValueError(f"{path}:{line}: JSON nested too deeply to parse (arrays and objects inside one another, "
+                         "hundreds of levels deep)") from None
     if isinstance(data, dict):
         if isinstance(data.get(split), list):
             return data[split]
@@ -63,7 +104,10 @@ def _read_json(path: Path, split: str) -> list[Any]:
 def _read_parquet(path: Path) -> list[Any]:
     import pyarrow.parquet as pq
 
-    return pq.read_table(path).to_pylist()
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as err:  # pyarrow's ArrowInvalid / ArrowException / OSError for a damaged file
+        raise ValueError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from err
 
 
 def _read_local(path: Path, split: str) -> list[Any]:
@@ -97,8 +141,26 @@ def _label_text(value: Any, where: str) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: label must be a finite number, got {value!r}")
         return str(int(value)) if value.is_integer() else repr(value)
-    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError, RecursionError) as err:
+        raise ValueError(f"{where}: label {type(value).__name__} cannot be written as JSON text "
+                         f"({type(err).__name__}: {err})") from None
+
+
+def _prompt_id(row: dict, where: str) -> str | None:
+    """The record's own ``prompt_id`` as text (a non-empty string or an int), None when it has none."""
+    value = row.get("prompt_id")
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, str) and value:
+        return value
+    raise ValueError(f"{where} field 'prompt_id' must be a non-empty string or an int, got {type(value).__name__}")
 
 
 def load_prompt_dataset(
@@ -120,7 +182,11 @@ def load_prompt_dataset(
     if max_samples is not None and (not isinstance(max_samples, int) or max_samples < 1):
         raise ValueError(f"max_samples must be a positive int or None, got {max_samples!r}")
     path = Path(path_or_name).expanduser()
-    if path.exists():
+    try:
+        exists = path.exists()
+    except (OSError, ValueError) as err:  # a NUL byte in the name, a name too long for the file system
+        raise ValueError(f"prompt file {str(path_or_name)[:200]!r}: not a usable path ({err})") from None
+    if exists:
         if path.is_dir():
             raise ValueError(f"{path} is a directory; pass a {'/'.join(_EXTENSIONS)} file")
         rows, source, stem = _read_local(path, split), str(path), path.stem
@@ -142,12 +208,16 @@ def load_prompt_dataset(
         if input_key not in row:
             raise ValueError(f"{where} has no input key {input_key!r} (keys: {sorted(row)})")
         prompt = validate_prompt(row[input_key], f"{where} field {input_key!r}")
+        for i, message in enumerate(prompt if isinstance(prompt, list) else ()):
+            if not isinstance(message["content"], str):  # a chat template would drop or garble it
+                raise ValueError(f"{where} field {input_key!r}[{i}] content must be a string, got "
+                                 f"{type(message['content']).__name__}")
         label = None
         if label_key is not None:
             if label_key not in row:
                 raise ValueError(f"{where} has no label key {label_key!r} (keys: {sorted(row)})")
             label = _label_text(row[label_key], f"{where} field {label_key!r}")
-        prompt_id = str(row["prompt_id"]) if row.get("prompt_id") is not None else f"{stem}:{index}"
+        prompt_id = _prompt_id(row, where) or f"{stem}:{index}"
         if prompt_id in seen:
             raise ValueError(f"{where} repeats prompt_id {prompt_id!r} of record {seen[prompt_id]}")
         seen[prompt_id] = index

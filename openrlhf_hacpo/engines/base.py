@@ -31,7 +31,8 @@ class SamplingConfig:
         top_k: keep the k most likely tokens; -1 or 0 disables it.
         max_new_tokens: hard cap on response length (tokens, EOS included).
         seed: seed of this call. `None` uses the backend's running random state (not reproducible). A trainer that
-            wants a reproducible run passes `derive_seed(run_seed, step)` (see `for_step`).
+            wants a reproducible run passes a derived seed per step (`for_step`; the HACPO trainer derives one per
+            step and agent).
         stop_at_eos: stop a response at its first EOS token (the EOS is kept in the token ids). `False` makes every
             response exactly `max_new_tokens` long.
         greedy: take the argmax at every step regardless of temperature / top_p / top_k.

@@ -10,6 +10,8 @@ Pure functions of counts, so the arithmetic is tested without Ray or GPUs:
   OpenRLHF's `get_bundle_indices` does.
 * `spread_cpu_cores`: disjoint core ranges for CPU engines (`VLLM_CPU_OMP_THREADS_BIND`), so engines of several
   agents on one host do not all pin themselves to core 0.
+* `gpu_bundle_group`: an agent's GPU bundles as a placement group, each pinned to the node a
+  :mod:`~openrlhf_hacpo.engines.node_plan` plan gives it; `actor_locations`: where actors landed (node, GPU ids).
 * `ray_noset_visible_devices`: Ray leaves `CUDA_VISIBLE_DEVICES` alone when `RAY_EXPERIMENTAL_NOSET_*` is set;
   a process then selects its GPU itself from `ray.get_gpu_ids()`.
 """
@@ -90,6 +92,37 @@ def node_sorted_bundles(placement_group) -> list[int]:
     for bundle, node_id in sorted(table["bundles_to_node_id"].items()):
         by_node.setdefault(node_id, []).append(int(bundle))
     return [bundle for bundles in by_node.values() for bundle in bundles]
+
+
+def gpu_bundle_group(count: int, node_ids: Sequence[str] | None = None):
+    """A placement group of ``count`` bundles ``{GPU: 1, CPU: 1}``: PACK as Ray likes (``node_ids`` None, one node
+    clusters), or bundle i pinned to node ``node_ids[i]`` by its ``ray.io/node-id`` label (STRICT_PACK when every
+    bundle is on one node)."""
+    from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
+
+    bundles = [{"GPU": 1, "CPU": 1} for _ in range(count)]
+    if node_ids is None:
+        return placement_group(bundles, strategy="PACK")
+    if len(node_ids) != count:
+        raise ValueError(f"{count} bundles but {len(node_ids)} node ids")
+    strategy = "STRICT_PACK" if len(set(node_ids)) == 1 else "PACK"
+    return placement_group(bundles, strategy=strategy,
+                           bundle_label_selector=[{NODE_ID_LABEL_KEY: node} for node in node_ids])
+
+
+def actor_locations(actors: Sequence, timeout_s: float | None = None) -> list[dict]:
+    """Where running actors sit, each ``{"node_id", "address", "gpu_ids"}`` (its Ray node, that node's address, the
+    GPU ids Ray assigned to it), asked inside each actor (``__ray_call__`` works for any actor class)."""
+    import ray
+
+    return ray.get([actor.__ray_call__.remote(_here) for actor in actors], timeout=timeout_s)
+
+
+def _here(_instance) -> dict:
+    import ray
+
+    return {"node_id": ray.get_runtime_context().get_node_id(), "address": ray.util.get_node_ip_address(),
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
 
 def spread_cpu_cores(num_engines: int, available_cores: Sequence[int], cores_per_engine: int | None = None,

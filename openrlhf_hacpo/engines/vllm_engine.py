@@ -2,8 +2,8 @@
 
 `VLLMEngine` is a plain class; `VLLMEngineActor = ray.remote(VLLMEngine)` and `create_vllm_engines` places the
 actors (placement groups on GPU, fractional CPUs on CPU). Weights reach a running engine through
-`update_weights` (Ray object store) or through a broadcast group (`init_weight_sync_group` +
-`receive_broadcast_weights`); see `weight_sync.py` for both paths.
+`update_weights` (Ray object store), a broadcast group (`init_weight_sync_group` + `receive_broadcast_weights`) or
+CUDA IPC handles (`update_weights_ipc`); see `weight_sync.py` for the three paths.
 
 Sleep mode (colocated engines) frees the engine's GPU memory in two parts that wake separately, as OpenRLHF does: a
 weight sync wakes only the weights (`wake_up(["weights"])`), so the policy ranks' memory is not also competing with
@@ -304,6 +304,7 @@ def create_vllm_engines(
     use_gpu: bool | None = None,
     num_cpus_per_engine: float = 1.0,
     shared_placement_group=None,
+    engine_placement_group=None,
     cpu_omp_threads_binds: Sequence[str] | None = None,
     placement_timeout_s: float = 300.0,
     name_prefix: str | None = None,
@@ -312,7 +313,8 @@ def create_vllm_engines(
     """Start `num_engines` `VLLMEngineActor`s (engine i gets seed `seed + i`) and wait until they are up.
 
     GPU: the engines share one placement group of `num_engines * tensor_parallel_size` bundles {GPU: 1, CPU: 1}
-    (PACK), or, to colocate them with a policy, that policy's group (`shared_placement_group`). Engine i's actor
+    (PACK; `engine_placement_group`, a ready group of that size the caller pinned to nodes, replaces it), or, to
+    colocate them with a policy, that policy's group (`shared_placement_group`). Engine i's actor
     and workers take the bundles `plan_engine_placements` gives it (whole GPUs when dedicated, a share when
     colocated; with TP > 1 vLLM's Ray workers are told their bundles and shares). A group that cannot be placed
     raises `TimeoutError` after `placement_timeout_s`. CPU: each actor asks for `num_cpus_per_engine` (may be
@@ -334,7 +336,7 @@ def create_vllm_engines(
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0
 
     placements = []
-    group = shared_placement_group
+    group = shared_placement_group if shared_placement_group is not None else engine_placement_group
     if use_gpu:
         if group is None:
             group = placement_group([{"GPU": 1, "CPU": 1}] * (num_engines * tensor_parallel_size), strategy="PACK")

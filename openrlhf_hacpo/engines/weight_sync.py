@@ -1,20 +1,22 @@
 """Moving a policy's updated weights into its running vLLM engines.
 
-Three paths, each ending in an in-place load inside every engine worker:
+Three paths, each ending in an in-place load inside every engine worker; the trainer picks one from the layout
+(`AgentGroup.weight_sync_mode`, table in docs/engines.md, "Weight sync"):
 
-* **Object store** (CPU; colocated GPU engines on GPUs without a policy rank): the policy hands `{name: tensor}` to
-  each engine actor through Ray's object store; the engine passes them, byte-encoded, to its workers with
-  `LLM.collective_rpc`.
-* **CUDA IPC** (GPU engines colocated with the policy): the policy hands each engine worker CUDA IPC handles of the
-  tensors in its own GPU memory, one bucket at a time; the worker maps them and copies them into its model. No host
-  copy is made; the handles (a few hundred bytes per tensor) travel pickled as bytes.
+* **Object store** (CPU; colocated GPU engines when some engine GPU holds no policy rank): the policy hands
+  `{name: tensor}` to each engine actor through Ray's object store; the engine passes them, byte-encoded, to its
+  workers with `LLM.collective_rpc`.
+* **CUDA IPC** (GPU engines colocated with the policy, every engine GPU holding a policy rank): the policy hands each
+  engine worker CUDA IPC handles of the tensors in its own GPU memory, one bucket at a time; the worker maps them and
+  copies them into its model. No host copy is made; the handles (a few hundred bytes per tensor) travel pickled as
+  bytes.
 * **Collective broadcast** (dedicated GPU engines): a broadcast group joins the policy's rank 0 (group rank 0) and
   every worker of every engine of the agent (ranks 1..). Per sync the policy sends the list of (name, dtype, shape) to
   the engines, then broadcasts each tensor; the workers receive the tensors as the reload consumes them. On GPU the
   group is vLLM's `PyNcclCommunicator` over a `StatelessProcessGroup` (what vLLM's RLHF examples and OpenRLHF use):
   it lives outside `torch.distributed`'s default world, so it coexists with the policy's training group and with
-  vLLM's own groups, and it is built the same way by the policy and by every tensor-parallel worker. On CPU (tests)
-  the same protocol runs on a standalone gloo group.
+  vLLM's own groups, and it is built the same way by the policy and by every tensor-parallel worker. On CPU the
+  same protocol runs on a standalone gloo group (tests only: the trainer uses the object store on CPU).
 
 How a worker loads the object-store and broadcast tensors depends on the vLLM version (`reload_api`): from vLLM 0.16
 the model runner's `reload_weights(weights_iterator=..., is_checkpoint_format=True)` reloads in place and re-runs

@@ -24,12 +24,17 @@ def load_tokenizer(path: str, chat_template: str | None = None, *, owner: str = 
         raise FileNotFoundError(f"{owner}: tokenizer path {path!r} does not exist")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as err:
-        raise FileNotFoundError(f"{owner}: cannot load the tokenizer from {path!r}: {err}") from err
+    except Exception as err:  # OSError, ValueError, or KeyError / AttributeError from damaged tokenizer files
+        raise FileNotFoundError(f"{owner}: cannot load the tokenizer from {path!r}: {type(err).__name__}: "
+                                f"{err}") from err
     if chat_template is not None:
         template = chat_template
         if os.path.isfile(template):
-            template = Path(template).read_text(encoding="utf-8")
+            try:
+                template = Path(template).read_text(encoding="utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"{owner}: chat template file {template}: byte 0x{err.object[err.start]:02x} at "
+                                 f"offset {err.start} is not valid UTF-8") from None
         tokenizer.chat_template = template
     if tokenizer.pad_token_id is None:
         if tokenizer.eos_token_id is None:

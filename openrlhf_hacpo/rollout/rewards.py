@@ -9,17 +9,23 @@ Two kinds of reward function share one calling convention, ``fn(responses, promp
   ``exact_match``, ``boxed_math`` and ``arithmetic`` (the shipped arithmetic task, imported on first use);
 * **reward files** in OpenRLHF's style: a Python file defining ``reward_func(queries, prompts, labels)`` where
   ``queries[i] = prompts[i] + responses[i]``, returning a list or 1-D tensor of floats, or a dict whose
-  ``"rewards"`` entry is one.
+  ``"rewards"`` entry is one. ``FILE.py:NAME`` uses the function ``NAME`` of the file instead of ``reward_func``.
+
+:func:`reward_spec_problem` checks a reward name without importing anything (a registered name, or an existing
+``.py`` file whose source parses and defines the function at top level); the config checks ``--reward_fn`` with it
+when the command line is parsed, :func:`get_reward_fn` imports the file later.
 
 :class:`RewardFunction` holds only names and paths, so it pickles into worker processes; :class:`RewardRunner`
 scores in a spawn-context process pool, or in the calling process, with an overall timeout either way.
 """
 from __future__ import annotations
 
+import ast
 import concurrent.futures as cf
 import hashlib
 import importlib
 import importlib.util
+import keyword
 import math
 import multiprocessing
 import os
@@ -46,6 +52,7 @@ __all__ = [
     "prompt_text_for_reward",
     "register_reward_fn",
     "registered_reward_fns",
+    "reward_spec_problem",
 ]
 
 
@@ -172,11 +179,85 @@ def _resolve_target(target: str, name: str) -> Callable[..., Any]:
 
 
 # ------------------------------------------------------------------------------------------- reward files
+REWARD_FILE_FUNCTION = "reward_func"
+"""The function a reward file must define when its name carries no ``:NAME``."""
+
 _FILE_MODULES: dict[tuple[str, int], Any] = {}
 
 
-def _load_reward_file(path: str) -> Callable[..., Any]:
-    """Import a reward file (cached per process and modification time) and return its ``reward_func``."""
+def split_reward_file(spec: str) -> tuple[str, str] | None:
+    """``"r.py"`` -> ``("r.py", "reward_func")``, ``"r.py:score"`` -> ``("r.py", "score")``; None when ``spec`` is not
+    of the form ``FILE.py`` or ``FILE.py:NAME``."""
+    if spec.endswith(".py"):
+        return spec, REWARD_FILE_FUNCTION
+    path, sep, function = spec.rpartition(":")
+    if sep and path.endswith(".py") and function.isidentifier() and not keyword.iskeyword(function):
+        return path, function
+    return None
+
+
+_BLOCKS = (ast.If, ast.Try, ast.With, ast.ExceptHandler, *((ast.TryStar,) if hasattr(ast, "TryStar") else ()))
+
+
+def _top_level_names(body: list[ast.stmt]) -> tuple[set[str], bool]:
+    """Names bound by the module-level statements of ``body`` (descending into if / try / with blocks), and whether
+    a ``from ... import *`` makes the set incomplete."""
+    names: set[str] = set()
+    star = False
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    star = True
+                names.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        if isinstance(node, _BLOCKS):
+            for block in ("body", "orelse", "finalbody", "handlers"):
+                inner, inner_star = _top_level_names(getattr(node, block, []))
+                names |= inner
+                star = star or inner_star
+    return names, star
+
+
+def _known_forms() -> str:
+    return (f"a registered verifier ({', '.join(registered_reward_fns())}) or a reward file FILE.py defining "
+            f"{REWARD_FILE_FUNCTION}(queries, prompts, labels), or FILE.py:FUNCTION")
+
+
+def reward_spec_problem(spec: Any) -> str | None:
+    """Why ``spec`` names no reward function, or None when it does: a registered verifier, or an existing ``.py`` file
+    (``FILE.py`` or ``FILE.py:FUNCTION``) whose source parses and binds the function at module level. Nothing is
+    imported; :func:`get_reward_fn` imports the file."""
+    if not isinstance(spec, str) or not spec:
+        return f"expected {_known_forms()}; got {spec!r}"
+    if spec in _REGISTRY:
+        return None
+    parts = split_reward_file(spec)
+    if parts is None:
+        return f"unknown reward {spec!r}: expected {_known_forms()}"
+    path, function = parts
+    path = os.path.expanduser(path)
+    if not os.path.isfile(path):
+        return f"reward file {path} does not exist (expected {_known_forms()})"
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except SyntaxError as err:
+        return f"reward file {path}:{err.lineno}: invalid Python ({err.msg})"
+    except (OSError, ValueError) as err:
+        return f"reward file {path} cannot be read as Python source ({type(err).__name__}: {err})"
+    names, star = _top_level_names(tree.body)
+    if function not in names and not star:
+        return f"reward file {path} does not define a function {function}(queries, prompts, labels) at module level"
+    return None
+
+
+def _load_reward_file(path: str, function: str = REWARD_FILE_FUNCTION) -> Callable[..., Any]:
+    """Import a reward file (cached per process and modification time) and return its ``function``."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"reward file {path} does not exist")
     key = (path, os.stat(path).st_mtime_ns)
@@ -189,13 +270,13 @@ def _load_reward_file(path: str) -> Callable[..., Any]:
         module = importlib.util.module_from_spec(spec)
         try:
             spec.loader.exec_module(module)
-        except Exception as err:
+        except (Exception, SystemExit) as err:
             raise RewardFunctionError(f"importing reward file {path} failed: {type(err).__name__}: {err}") from err
         _FILE_MODULES[key] = module
-    fn = getattr(module, "reward_func", None)
+    fn = getattr(module, function, None)
     if not callable(fn):
         raise RewardFunctionError(
-            f"reward file {path} does not define a function reward_func(queries, prompts, labels)"
+            f"reward file {path} does not define a function {function}(queries, prompts, labels)"
         )
     return fn
 
@@ -203,10 +284,14 @@ def _load_reward_file(path: str) -> Callable[..., Any]:
 def _as_float_list(out: Any, n: int, who: str) -> list[float]:
     if isinstance(out, dict):
         if "rewards" not in out:
-            raise RewardFunctionError(f"{who} returned a dict without a 'rewards' entry (keys: {sorted(out)})")
+            raise RewardFunctionError(f"{who} returned a dict without a 'rewards' entry (keys: {list(out)})")
         out = out["rewards"]
-    if hasattr(out, "tolist"):
-        out = out.tolist()
+    if callable(getattr(out, "tolist", None)):
+        try:
+            out = out.tolist()
+        except Exception as err:
+            raise RewardFunctionError(f"{who} returned a {type(out).__name__} whose tolist() raised "
+                                      f"{type(err).__name__}: {err}") from err
     if not isinstance(out, (list, tuple)):
         raise RewardFunctionError(f"{who} must return a list or 1-D tensor of floats, got {type(out).__name__}")
     if len(out) != n:
@@ -214,21 +299,36 @@ def _as_float_list(out: Any, n: int, who: str) -> list[float]:
     values = []
     for i, v in enumerate(out):
         if not isinstance(v, numbers.Real):
-            raise RewardFunctionError(f"{who} returned a non-numeric reward {v!r} for sample {i}")
-        v = float(v)
+            raise RewardFunctionError(f"{who} returned a non-numeric reward {_short_repr(v)} for sample {i}")
+        try:
+            v = float(v)
+        except (OverflowError, ValueError, TypeError) as err:
+            raise RewardFunctionError(f"{who} returned a reward {_short_repr(v)} for sample {i} that is not a "
+                                      f"float ({type(err).__name__}: {err})") from None
         if not math.isfinite(v):
             raise RewardFunctionError(f"{who} returned a non-finite reward {v} for sample {i}")
         values.append(v)
     return values
 
 
+def _short_repr(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (an object whose repr fails is named by its type)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a user object with a broken __repr__
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @dataclass(frozen=True)
 class RewardFunction:
-    """A picklable handle on a registered verifier (``target``) or a reward file (``path``)."""
+    """A picklable handle on a registered verifier (``target``) or a reward file (``path``, whose ``function`` is
+    called)."""
 
     name: str
     target: str | None = None
     path: str | None = None
+    function: str = REWARD_FILE_FUNCTION
 
     def __post_init__(self) -> None:
         if (self.target is None) == (self.path is None):
@@ -239,21 +339,21 @@ class RewardFunction:
         if len(prompts) != n or len(labels) != n:
             raise ValueError(f"reward {self.name!r}: {n} responses, {len(prompts)} prompts, {len(labels)} labels")
         if self.path is not None:
-            fn = _load_reward_file(self.path)
+            fn = _load_reward_file(self.path, self.function)
             queries = [p + r for p, r in zip(prompts, responses)]
             try:
                 out = fn(queries, list(prompts), list(labels))
-            except Exception as err:
+            except (Exception, SystemExit) as err:
                 raise RewardFunctionError(
-                    f"reward_func in {self.path} raised {type(err).__name__}: {err}"
+                    f"{self.function} in {self.path} raised {type(err).__name__}: {err}"
                 ) from err
-            return _as_float_list(out, n, f"reward_func in {self.path}")
+            return _as_float_list(out, n, f"{self.function} in {self.path}")
         fn = _resolve_target(self.target, self.name)
         values = []
         for i, (response, label) in enumerate(zip(responses, labels)):
             try:
                 values.append(fn(response, label))
-            except Exception as err:
+            except (Exception, SystemExit) as err:
                 raise RewardFunctionError(
                     f"reward {self.name!r} raised {type(err).__name__} on sample {i}: {err}"
                 ) from err
@@ -261,21 +361,20 @@ class RewardFunction:
 
 
 def get_reward_fn(name_or_path: str | RewardFunction) -> RewardFunction:
-    """A registered verifier by name, or a reward file by path (checked for ``reward_func`` now)."""
+    """A registered verifier by name, or a reward file ``FILE.py`` / ``FILE.py:FUNCTION`` (imported now, and checked
+    for the function)."""
     if isinstance(name_or_path, RewardFunction):
         return name_or_path
     if name_or_path in _REGISTRY:
         _resolve_target(_REGISTRY[name_or_path], name_or_path)
         return RewardFunction(name=name_or_path, target=_REGISTRY[name_or_path])
-    looks_like_path = str(name_or_path).endswith(".py") or os.sep in str(name_or_path)
-    if looks_like_path or os.path.exists(name_or_path):
-        path = str(Path(name_or_path).expanduser().resolve())
-        _load_reward_file(path)
-        return RewardFunction(name=path, path=path)
-    raise ValueError(
-        f"unknown reward {name_or_path!r}: not a registered verifier ({', '.join(registered_reward_fns())}) "
-        "and not a reward file path"
-    )
+    parts = split_reward_file(str(name_or_path))
+    if parts is None:
+        raise ValueError(f"unknown reward {name_or_path!r}: expected {_known_forms()}")
+    path, function = str(Path(parts[0]).expanduser().resolve()), parts[1]
+    _load_reward_file(path, function)
+    name = path if function == REWARD_FILE_FUNCTION else f"{path}:{function}"
+    return RewardFunction(name=name, path=path, function=function)
 
 
 def prompt_text_for_reward(traj: Any) -> str:

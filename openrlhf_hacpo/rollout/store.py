@@ -3,8 +3,10 @@
 The controller adds each step's trajectories here and reads back what the step needs from them: the rewards per
 source agent (the capability tracker's input, eq. 9), the per-agent summary of the step's metrics record and, with
 ``--save_rollouts``, a JSON-lines dump of the step. Learners do not query the store: the controller hands every learner
-the same list of the step's trajectories. The store keeps the last ``keep_last_steps`` steps (default 1) and is part
-of the joint checkpoint (``state_dict``).
+the same list of the step's trajectories. The store keeps the last ``keep_last_steps`` steps (default 1; the
+controller keeps 1) and is not part of the joint checkpoint: a resumed run starts from the next step's rollouts.
+:meth:`RolloutStore.state_dict` / :meth:`RolloutStore.load_state_dict` are a JSON round trip of the held trajectories
+that the trainer does not call.
 """
 from __future__ import annotations
 

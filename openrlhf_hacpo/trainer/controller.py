@@ -3,9 +3,9 @@
 One step t:
 
 1. **rollout**: every agent samples G responses for the same prompt batch, concurrently; each agent's policy
-   recomputes the old log-probs of its own responses at the rollout temperature (docs/algorithm.md §5);
-2. **reward**: every response is verified once, from its source's text (docs/algorithm.md §5), and stored in the shared
-   :class:`~openrlhf_hacpo.rollout.RolloutStore`;
+   recomputes the old log-probs of its own responses at the rollout temperature (docs/training.md, "One step");
+2. **reward**: every response is verified once, from its source's text (docs/training.md, "One step"), and stored in
+   the shared :class:`~openrlhf_hacpo.rollout.RolloutStore`;
 3. **capability**: the tracker appends each agent's P_τ and gives P̂ and the clipped ratio matrix (eqs. 8–9);
 4. **update**: every learner, concurrently, trains on its view of the step's trajectories (own and, for
    ``hacpo`` / ``naive``, foreign) with mini-batch updates m = 0, 1, ...; all learners use the same pre-step
@@ -31,6 +31,7 @@ from openrlhf_hacpo.actors.agent_group import AgentGroup, AgentPhaseTimeout, Age
 from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult
 from openrlhf_hacpo.algorithms import CapabilityTracker
 from openrlhf_hacpo.engines.base import SamplingConfig
+from openrlhf_hacpo.engines.node_plan import PLACEMENT_FILE, AgentPlacement, nodes_from_ray
 from openrlhf_hacpo.utils.seeding import derive_seed
 from openrlhf_hacpo.rollout import RewardFunctionError, RewardRunner, RolloutStore
 from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
@@ -39,13 +40,16 @@ from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.trainer.evaluation import Evaluator
 from openrlhf_hacpo.trainer.fingerprint import config_fingerprint, fingerprint_differences
 from openrlhf_hacpo.trainer.metrics import MetricsLogger
-from openrlhf_hacpo.trainer.preflight import resolve_attention, resolve_hub_models, run_gpu_stack_preflight
+from openrlhf_hacpo.trainer.preflight import (check_node_placement, resolve_attention, resolve_hub_models,
+                                              run_gpu_stack_preflight)
 from openrlhf_hacpo.trainer.reward_watch import RewardStallWatcher
 from openrlhf_hacpo.trainer.run_folder import RunLock, check_run_folder, run_outputs
 from openrlhf_hacpo.trainer.run_inputs import check_run_inputs
 from openrlhf_hacpo.trainer.step_metrics import agent_step_record
+from openrlhf_hacpo.utils.atomic import atomic_write_json
 from openrlhf_hacpo.utils.errors import CheckpointError, RunFolderError
 from openrlhf_hacpo.utils.logging_setup import attach_run_log
+from openrlhf_hacpo.utils.network import driver_started_ray
 from openrlhf_hacpo.utils.shutdown import keep_signal_handlers
 from openrlhf_hacpo.utils.timing import PhaseTimer
 
@@ -84,6 +88,10 @@ class HACPOController:
         self.metrics: MetricsLogger | None = None
         self.evaluator: Evaluator | None = None
         self._started_ray = False
+        # this process started the Ray instance the run uses (ranks then meet on --bind_host), as opposed to joining
+        # a cluster by any route (openrlhf_hacpo.utils.network.driver_started_ray)
+        self.started_local_ray = False
+        self.placement: dict[str, Any] = {}
         self._ready = False
         self.lock = RunLock(cfg.save_path)
         self._log_handler: logging.Handler | None = None
@@ -150,10 +158,14 @@ class HACPOController:
         self.preflight()
         use_gpu = self._use_gpu()
         run_gpu_stack_preflight(cfg, use_gpu, self._cluster_gpus())
+        node_plan = self._node_plan(use_gpu)
         total_updates = self.total_steps * cfg.updates_per_step
-        self.groups = [AgentGroup(cfg, i, total_updates, use_gpu=use_gpu) for i in range(cfg.num_agents)]
+        self.groups = [AgentGroup(cfg, i, total_updates, use_gpu=use_gpu,
+                                  node_placement=node_plan[i] if node_plan is not None else None,
+                                  started_local_ray=self.started_local_ray) for i in range(cfg.num_agents)]
         launches = [g.launch() for g in self.groups]
         self.worker_info = self._guard(lambda: wait_all(launches), "launching the workers")
+        self.placement = self._record_placement()
         self.reward_runner = RewardRunner(cfg.reward_fn, num_workers=cfg.reward_num_workers,
                                           timeout_s=cfg.reward_timeout)
         if self.eval_records:
@@ -207,6 +219,45 @@ class HACPOController:
                              _node_ip_address=self.cfg.bind_host)
                 self._started_ray = True
                 self.lock.record_processes(_ray_process_ids())
+        self.started_local_ray = driver_started_ray()
+
+    def _node_plan(self, use_gpu: bool) -> list[AgentPlacement] | None:
+        """The node of every agent's GPU bundles, checked against every node's size (``ray.nodes()``); None without
+        Ray or GPUs, and on a one-node cluster, where Ray packs each agent's bundles as it always has."""
+        if not (use_gpu and self.cfg.use_ray):
+            return None
+        import ray
+
+        nodes = nodes_from_ray(ray.nodes())
+        plan = check_node_placement(self.cfg, nodes)
+        if len(nodes) < 2:
+            return None
+        address = {n.node_id: n.label for n in nodes}
+        for placement in plan:
+            logger.info("placement plan: agent %r: policy bundles on %s; engine bundles on %s", placement.agent,
+                        ", ".join(address[n] for n in placement.policy),
+                        ", ".join(address[n] for n in placement.engines) or "(none dedicated)")
+        return plan
+
+    def _record_placement(self) -> dict[str, Any]:
+        """Log where every worker and engine landed (node address and id, GPU ids) and write it to
+        ``<save_path>/placement.json``; ``{}`` without Ray."""
+        if not self.cfg.use_ray:
+            return {}
+        try:
+            placement = {g.name: g.locations() for g in self.groups}
+        except Exception as err:  # noqa: BLE001 - a record, not a reason to stop the run
+            logger.warning("could not record where the workers landed: %s: %s", type(err).__name__, err)
+            return {}
+        for agent, roles in placement.items():
+            for role, entries in roles.items():
+                for entry in entries if isinstance(entries, list) else [entries]:
+                    index = entry.get("rank", entry.get("engine"))
+                    which = f" {index}" if index is not None else ""
+                    logger.info("agent %r %s%s on %s (node %s), GPUs %s", agent, role, which, entry["address"],
+                                entry["node_id"][:8], ",".join(entry["gpu_ids"]) or "none")
+        atomic_write_json(Path(self.cfg.save_path) / PLACEMENT_FILE, placement)
+        return placement
 
     # ------------------------------------------------------------------------------------------------ loop
     def fit(self) -> list[list[dict[str, Any]]]:

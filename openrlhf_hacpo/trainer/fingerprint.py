@@ -1,8 +1,10 @@
 """The configuration fingerprint stored in every joint checkpoint and compared on ``--resume``.
 
 It holds the settings that decide what a step computes: the algorithm with all its capability, advantage and loss
-settings, the agents (name, model, tokenizer, learning rate, ZeRO stage, precision, data-parallel size), the seed,
-the batch geometry and the prompt data. Settings that only change how long or how visibly a run goes (``max_steps``,
+settings, the agents (name, model as given, tokenizer, learning rate, ZeRO stage, precision, data-parallel size),
+the seed, the prompt data and its rendering, the sampling settings and the EOS policy, the reward function, the batch
+geometry and mini-batch order, and the optimizer schedule (learning-rate schedule, warm-up, gradient clip, weight
+decay, episodes). Settings that only change how long or how visibly a run goes (``max_steps``,
 save, log and evaluation cadence, output sinks) are left out, so they may change between a run and its resume.
 """
 from __future__ import annotations
@@ -19,6 +21,8 @@ _RUN_FIELDS = ("seed", "prompt_data", "input_key", "label_key", "max_samples", "
                "max_epochs", "minibatch_order", "lr_scheduler", "lr_warmup_steps", "min_lr_ratio", "max_norm",
                "l2", "num_episodes")
 _AGENT_FIELDS = ("pretrain", "tokenizer", "learning_rate", "zero_stage", "bf16", "dp_size")
+_LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
+"""Fingerprinted for agents with ``lora_rank`` > 0 only, so full-parameter fingerprints stay as they were."""
 
 
 def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
@@ -32,6 +36,8 @@ def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
     out.update({name: _plain(getattr(cfg, name)) for name in _RUN_FIELDS})
     for agent in cfg.resolved_agents():
         out.update({f"agent.{agent.name}.{k}": _plain(getattr(agent, k)) for k in _AGENT_FIELDS})
+        if agent.lora_rank:  # a LoRA agent's checkpoint holds its adapter: rank and targets must match on resume
+            out.update({f"agent.{agent.name}.{k}": getattr(agent, k) for k in _LORA_FIELDS})
     return out
 
 

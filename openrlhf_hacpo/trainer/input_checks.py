@@ -35,7 +35,7 @@ def check_prompt_format(records: Sequence[Any], apply_chat_template: bool, sourc
 def check_reward_signature(fn: RewardFunction) -> None:
     """Raise ``ValueError`` when the reward function cannot be called the way the runner calls it."""
     if fn.path is not None:
-        target, args, shape = _load_reward_file(fn.path), 3, "reward_func(queries, prompts, labels)"
+        target, args, shape = _load_reward_file(fn.path, fn.function), 3, f"{fn.function}(queries, prompts, labels)"
         owner = f"reward file {fn.path}"
     else:
         target, args, shape = _resolve_target(fn.target, fn.name), 2, "verifier(response_text, label)"

@@ -10,6 +10,9 @@ agent at fault and the values that would work:
   warning that gives the reason.
 * `check_gpu_count`: the GPUs every agent needs (policy ranks, plus dedicated engine GPUs) against the cluster's;
   three 4-GPU agents on 8 GPUs would otherwise wait forever for their placement groups.
+* `check_node_placement`: every agent's GPU bundles against each node's real size (``ray.nodes()``), through the
+  node planner (:mod:`openrlhf_hacpo.engines.node_plan`): its plan, or an error naming the agent, its bundles and
+  every node's free GPUs (a 6-GPU agent does not fit two nodes with 4 free each, though 8 GPUs are free in all).
 * `check_vllm_compatibility`: each agent's architecture against the vLLM attention backends of the device for the
   agent's dtype (head size: FlashAttention runs fp16/bf16 only, so fp32 needs Triton's head sizes >= 32) and the
   context the run asks for (prompt + generation length against the model's maximum).
@@ -19,16 +22,18 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from openrlhf_hacpo.config import TrainConfig
+from openrlhf_hacpo.engines.node_plan import AgentPlacement, ClusterNode, agent_demands, plan_nodes
 
-__all__ = ["CUDA_ATTENTION_BACKENDS", "AttentionBackend", "GpuDemand", "check_gpu_count", "check_vllm_compatibility",
-           "flash_attn_import_error", "gpu_demand", "resolve_attention", "resolve_hub_models", "vllm_head_sizes"]
+__all__ = ["CUDA_ATTENTION_BACKENDS", "AttentionBackend", "GpuDemand", "check_gpu_count", "check_node_placement",
+           "check_vllm_compatibility", "flash_attn_import_error", "gpu_demand", "resolve_attention",
+           "resolve_hub_models", "vllm_head_sizes"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +108,13 @@ def check_gpu_count(cfg: TrainConfig, cluster_gpus: float) -> None:
     raise ValueError(f"the agents need {needed} GPUs ({layout}): {parts}; the Ray cluster has {cluster_gpus:g}. "
                      "Lower dp_size / vllm_num_engines / vllm_tensor_parallel_size, use --colocate_all_models, "
                      "or add nodes")
+
+
+def check_node_placement(cfg: TrainConfig, nodes: Sequence[ClusterNode]) -> list[AgentPlacement]:
+    """The node of every agent's GPU bundles (:func:`~openrlhf_hacpo.engines.node_plan.plan_nodes` with the agents'
+    demands and ``--allow_straddle``); raises :class:`~openrlhf_hacpo.engines.node_plan.PlacementError` (a
+    ``ValueError``) when the agents do not fit the nodes or a pin names no single node."""
+    return plan_nodes(nodes, agent_demands(cfg), allow_straddle=cfg.allow_straddle)
 
 
 # ---------------------------------------------------------------------------------------------------------- vLLM
@@ -258,8 +270,13 @@ def load_model_configs(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def run_gpu_stack_preflight(cfg: TrainConfig, use_gpu: bool, cluster_gpus: float | None) -> None:
-    """The checks that need the device decision (after Ray is up): GPU counts, vLLM compatibility."""
+    """The checks that need the device decision (after Ray is up): GPU counts, vLLM compatibility and, on GPUs, the
+    memory plan."""
     if use_gpu and cfg.use_ray and cluster_gpus is not None:
         check_gpu_count(cfg, cluster_gpus)
     if cfg.rollout_backend == "vllm":
         check_vllm_compatibility(cfg, load_model_configs(cfg), "cuda" if use_gpu else "cpu")
+    if use_gpu:  # bytes per agent and GPU, refused when a GPU cannot hold its share (trainer/memory_plan.py)
+        from openrlhf_hacpo.trainer.memory_plan import launch_memory_plan
+
+        launch_memory_plan(cfg, load_model_configs(cfg), log=logger.info)

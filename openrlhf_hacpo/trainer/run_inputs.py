@@ -1,4 +1,5 @@
-"""The run's inputs, checked before any worker starts: tokenizers, chat templates, model configs, data, reward.
+"""The run's inputs, checked before any worker starts: tokenizers, chat templates, model configs and folders
+(:mod:`~openrlhf_hacpo.trainer.model_folder`), data, reward.
 
 Every error names the agent or file at fault. :func:`check_run_inputs` returns the training prompts' loader and the
 evaluation records (``None`` without ``--eval_data``).
@@ -16,6 +17,7 @@ from openrlhf_hacpo.data.prompts import PromptDataLoader, load_prompt_dataset
 from openrlhf_hacpo.models.tokenizer import load_tokenizer, looks_like_local_path
 from openrlhf_hacpo.rollout import get_reward_fn
 from openrlhf_hacpo.trainer.evaluation import load_eval_records
+from openrlhf_hacpo.trainer.model_folder import check_model_folder
 from openrlhf_hacpo.trainer.input_checks import (
     check_prompt_format,
     check_reward_signature,
@@ -47,10 +49,12 @@ def check_run_inputs(cfg: TrainConfig) -> tuple[PromptDataLoader, list[Any] | No
         if looks_like_local_path(agent.pretrain) and not os.path.exists(agent.pretrain):
             raise FileNotFoundError(f"agent {agent.name!r}: model path {agent.pretrain!r} does not exist")
         try:
-            AutoConfig.from_pretrained(agent.pretrain)
-        except (OSError, ValueError) as err:
+            model_config = AutoConfig.from_pretrained(agent.pretrain)
+        except Exception as err:  # OSError, ValueError, or a config field of the wrong type (huggingface_hub's)
             raise FileNotFoundError(f"agent {agent.name!r}: cannot load the model from {agent.pretrain!r}: "
-                                    f"{err}") from err
+                                    f"{type(err).__name__}: {err}") from err
+        if os.path.isdir(agent.pretrain):  # weights' shapes and the tokenizer's size, from headers only
+            check_model_folder(agent.pretrain, model_config, tokenizer, f"agent {agent.name!r}")
         if cfg.rollout_backend == "vllm" and not os.path.isdir(agent.pretrain):
             raise FileNotFoundError(f"agent {agent.name!r}: the vllm backend needs a local model folder, "
                                     f"{agent.pretrain!r} is not one")

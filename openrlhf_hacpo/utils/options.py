@@ -11,8 +11,9 @@
 * :func:`check_fields`, the one walk that validates a config object: each field's value against its annotation
   (type), ``choices`` and range (``ge`` / ``gt`` / ``le`` / ``lt``, with ``also`` for values allowed outside it);
   :func:`check_only_for` refuses fields an algorithm does not use. Their errors name the flag and the field,
-  ``--cross_clip_delta (PolicyLossConfig.delta) must be <= 1, got 1.5``; a field without a flag is named by its path
-  (``agents[1] ('qwen').zero_stage must be one of [0, 1, 2, 3], got 4``).
+  ``--top_p (TrainConfig.top_p) must be <= 1, got 1.5``; a field without a flag is named by its path
+  (``agents[1] ('qwen').zero_stage must be one of [0, 1, 2, 3], got 4``). ``PolicyLossConfig`` does not use this
+  walk: its kernel parameters follow ``hacpo_kernels.hacpo_loss.check_loss_params``.
 
 :func:`split_passthrough` cuts a command line at ``--``, for commands that pass the rest on (e.g. to the trainer).
 """
@@ -49,7 +50,8 @@ def option(default: Any = dataclasses.MISSING, *, help: str | None = None, flag:
     * ``zero_is_none``: a value of 0 on the command line means ``None`` (e.g. "no time limit").
     * ``join``: the flag takes one or more values, joined with this separator into the field's string.
 
-    Values (checked by :func:`check_fields` on every config, whichever way it was built):
+    Values (checked by :func:`check_fields` on every config whose ``validate`` runs it, whichever way the config was
+    built; ``PolicyLossConfig`` uses the loss kernel's rules instead):
 
     * ``choices``: the allowed values (also the flag's ``choices``).
     * ``ge`` / ``gt`` / ``le`` / ``lt``: value >= / > / <= / < the bound (each element of a tuple field);

@@ -39,6 +39,7 @@ from typing import Any, Mapping, Sequence
 from openrlhf_hacpo.algorithms import PRESETS as ALGORITHMS
 from openrlhf_hacpo.algorithms import HACPOConfig
 from openrlhf_hacpo.data import Problem, TaskConfig, export_jsonl, make_splits
+from openrlhf_hacpo.engines.node_plan import PLACEMENT_FILE
 from openrlhf_hacpo.utils.atomic import atomic_write_json, atomic_write_text
 from openrlhf_hacpo.zoo.cache import default_cache_dir
 from openrlhf_hacpo.zoo.evaluate import evaluate_accuracy
@@ -397,6 +398,8 @@ def run_main_job(cfg: MainJobConfig, started: float | None = None) -> dict[str, 
     summary = build_summary(run=run, acc_before=before, acc_after=after,
                             step_records=read_records(output / "metrics.jsonl"), eval_records=evals,
                             rollouts_per_step=rl.prompts_per_step * cfg.group_size)
+    if (output / PLACEMENT_FILE).is_file():  # where the trainer's workers landed (per agent, role and rank)
+        summary["placement"] = json.loads((output / PLACEMENT_FILE).read_text())
     ref_path = reference_path(preset.name, cfg.num_steps, rl.num_steps, cfg.results_dir)
     reference, reason = load_reference(ref_path)
     summary["reference"] = compare_with_reference(summary, reference, reason,

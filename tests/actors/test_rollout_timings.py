@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from types import SimpleNamespace
 
+from openrlhf_hacpo.actors.deepspeed_setup import EngineStateSleep
 from openrlhf_hacpo.actors.policy import PolicyWorker
 from openrlhf_hacpo.actors.scoring import RenderedPrompts
 from openrlhf_hacpo.engines.base import GenerationOutput
@@ -35,6 +36,7 @@ class Engine:
 def worker() -> PolicyWorker:
     w = PolicyWorker.__new__(PolicyWorker)
     w.scorer, w.hf_engine, w.engine, w.device = Scorer(), Engine(), None, "cpu"
+    w.states = EngineStateSleep(None, enabled=False)  # deepspeed_enable_sleep off: sleep() / wake() do nothing
     return w
 
 

@@ -16,7 +16,7 @@ from openrlhf_hacpo.cli.train_hacpo import build_config
 from openrlhf_hacpo.data.prompts import PromptRecord
 from openrlhf_hacpo.engines.base import SamplingConfig
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 GENERATE_S = 0.5
 SLEEP_S = 0.3

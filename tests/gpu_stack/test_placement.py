@@ -1,5 +1,6 @@
 """Placement arithmetic of vLLM engines (bundles, GPU shares, the environment vLLM's Ray executor reads), CPU core
-spreading and the device-dependent engine defaults; hand-computed expectations, no Ray or GPU needed."""
+spreading, the device-dependent engine defaults and the rendezvous address and gloo interface of an agent's group;
+hand-computed expectations, no Ray or GPU needed."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +12,7 @@ from openrlhf_hacpo.engines.placement import (
     spread_cpu_cores,
 )
 from openrlhf_hacpo.engines.settings import EngineSettings, resolve_engine_settings
+from openrlhf_hacpo.utils.network import gloo_interface, rendezvous_host
 
 
 def test_dedicated_engines_with_tensor_parallelism_get_disjoint_whole_gpus():
@@ -131,3 +133,22 @@ def test_actor_device_follows_the_gpu_ray_assigned_when_ray_leaves_visible_devic
     assert actor_device() == torch.device("cuda", 3) and selected == [3]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert actor_device() == torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------------------------------- rendezvous
+INTERFACES = {"lo": ["127.0.0.1", "::1"], "eth0": ["10.0.0.2", "fe80::1"], "ib0": ["192.168.7.2"], "docker0": []}
+
+
+@pytest.mark.parametrize("started_local_ray, bind_host, expected", [
+    (True, "127.0.0.1", "127.0.0.1"),     # the run's own local Ray: every rank on this machine
+    (True, "192.168.7.2", "192.168.7.2"),  # ... on the interface --bind_host names
+    (False, "127.0.0.1", "10.0.0.2"),     # joined a cluster (any route): rank 0's node address
+])
+def test_rendezvous_host_is_loopback_only_for_a_run_that_started_its_own_ray(started_local_ray, bind_host, expected):
+    assert rendezvous_host(started_local_ray, bind_host, node_address="10.0.0.2") == expected
+
+
+@pytest.mark.parametrize("own_address, expected", [("127.0.0.1", "lo"), ("localhost", "lo"), ("10.0.0.2", "eth0"),
+                                                   ("192.168.7.2", "ib0"), ("10.9.9.9", None)])
+def test_gloo_interface_is_the_one_holding_the_ranks_own_address(own_address, expected):
+    assert gloo_interface(own_address, INTERFACES) == expected

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

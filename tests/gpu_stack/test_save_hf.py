@@ -10,7 +10,7 @@ import torch
 from stack_fixtures import worker_config
 from safetensors import safe_open
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
 
 def _tensors(folder) -> dict[str, torch.Tensor]:

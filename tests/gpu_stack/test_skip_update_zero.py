@@ -15,7 +15,7 @@ import torch
 from openrlhf_hacpo.actors.deepspeed_setup import SkippableAdamW
 from stack_fixtures import init_gloo_world
 
-pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
 
 def _engine(stage: int):

@@ -64,6 +64,7 @@ def test_triton_on_cpu_needs_the_interpreter():
         assert resolve_backend("triton", torch.zeros(2), _logprobs_fwd_kernel) == "triton"
 
 
+@pytest.mark.integration
 def test_kernels_import_nothing_from_the_project():
     import pathlib
     import subprocess

@@ -38,6 +38,7 @@ def other_kernels(tmp_path: pathlib.Path) -> pathlib.Path:
 
 
 @pytest.mark.parametrize("cwd", ["neutral", "repo_root"])
+@pytest.mark.integration
 def test_both_packages_import_side_by_side(other_kernels: pathlib.Path, tmp_path: pathlib.Path, cwd: str):
     # the stand-in goes after whatever makes hacpo_kernels importable here (an install, or a link on PYTHONPATH)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
@@ -50,6 +51,7 @@ def test_both_packages_import_side_by_side(other_kernels: pathlib.Path, tmp_path
     assert proc.stdout.startswith("ok")
 
 
+@pytest.mark.integration
 def test_without_the_other_package_kernels_is_an_empty_module_and_transformers_sees_none():
     code = ("import kernels, hacpo_kernels\n"
             "assert kernels.__file__ is None and not hasattr(kernels, '__version__')\n"

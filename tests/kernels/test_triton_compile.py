@@ -88,6 +88,7 @@ def compile_all() -> list[str]:
 
 
 @pytest.mark.skipif(not _has_nvidia_backend(), reason="triton's NVIDIA backend is not available")
+@pytest.mark.integration
 def test_every_kernel_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])

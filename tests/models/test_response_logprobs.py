@@ -138,7 +138,7 @@ def test_bad_path_is_named():
 ZERO3_SCRIPT = pathlib.Path(__file__).with_name("zero3_logprobs_worker.py")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.filterwarnings("ignore::FutureWarning")
 def test_zero3_two_ranks_match_the_unsharded_reference(tmp_path):
     """ZeRO-3 (2 ranks, gloo): the fused path's log-probs equal the float64 reference, and the gradients of the

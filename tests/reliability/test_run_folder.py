@@ -83,6 +83,7 @@ def sleeper():
     proc.wait()
 
 
+@pytest.mark.integration
 def test_a_live_driver_holds_the_folder(tmp_path, sleeper):
     import socket
 
@@ -92,6 +93,7 @@ def test_a_live_driver_holds_the_folder(tmp_path, sleeper):
         RunLock(str(tmp_path)).acquire()
 
 
+@pytest.mark.integration
 def test_processes_left_by_a_killed_driver_are_reported(tmp_path, sleeper, caplog):
     """A lock whose driver is gone (kill -9) but whose recorded Ray processes live on: a warning lists them."""
     import socket

@@ -11,7 +11,7 @@ import pytest
 
 from fault_inputs import HANGING_REWARD, write_file
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def _descendants(pid: int) -> set[int]:

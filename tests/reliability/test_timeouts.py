@@ -14,6 +14,7 @@ from fault_inputs import HANGING_REWARD, write_file
 
 
 @pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.integration
 def test_a_hanging_reward_function_times_out(tmp_path, workers):
     reward = write_file(tmp_path, "hangs.py", HANGING_REWARD)
     runner = RewardRunner(reward, num_workers=workers, timeout_s=2.0)
@@ -26,7 +27,7 @@ def test_a_hanging_reward_function_times_out(tmp_path, workers):
     assert time.monotonic() - start < 30
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_stopped_worker_hits_the_phase_timeout(tmp_path):
     """A Ray worker stopped with SIGSTOP during an update: the wait ends after --step_timeout with a TrainingError
     naming the agent, the phase and the last checkpoint."""

@@ -43,6 +43,7 @@ def _argv_of(tmp_path: Path, *args: str, env: dict | None = None) -> list[str]:
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("pair", PAIRS)
+@pytest.mark.integration
 def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, method):
     cfg = build_config(_argv_of(tmp_path, pair, method, env={"HACPO_CACHE_DIR": "/c"}))
     models, alpha, delta, delta_step = PAIRS[pair]
@@ -76,6 +77,7 @@ def test_the_evaluation_knows_every_pair_and_method():
     assert set(LAUNCHER_PAIRS) == set(PAIRS) and set(LAUNCHER_METHODS) == set(METHODS)
 
 
+@pytest.mark.integration
 def test_variables_and_trailing_flags_override(tmp_path):
     argv = _argv_of(tmp_path, "qwen3_1.7b_4b", "hacpo", "--max_steps", "6",
                     env={"MODEL_A": "/m/a", "DATA_DIR": "/d", "SAVE_PATH": "/r", "GENERATE_MAX_LEN": "4096"})
@@ -88,6 +90,7 @@ def test_variables_and_trailing_flags_override(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["gspo", "gspo_x2", "grpo"])
+@pytest.mark.integration
 def test_one_agent_of_a_pair_trains_alone(tmp_path, method):
     cfg = build_config(_argv_of(tmp_path, "qwen3_4b_llama3.2_3b", method, env={"TRAIN_AGENTS": "b"}))
     assert [(a.name, a.pretrain) for a in cfg.agents] == [("Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-3B-Instruct")]
@@ -95,6 +98,7 @@ def test_one_agent_of_a_pair_trains_alone(tmp_path, method):
 
 
 @pytest.mark.parametrize("method,agents", [("hacpo", "b"), ("naive", "a"), ("gspo", "c")])
+@pytest.mark.integration
 def test_train_agents_is_refused_where_it_makes_no_sense(tmp_path, method, agents):
     result = subprocess.run(["bash", str(SCRIPTS / "train_table1.sh"), "qwen3_1.7b_4b", method],
                             env={**os.environ, "TRAIN_AGENTS": agents}, capture_output=True, text=True)
@@ -105,6 +109,7 @@ SMALL_UPDATES = {"hacpo": 2, "gspo": 1, "gspo_x2": 2, "grpo": 1, "naive": 2}  # 
 
 
 @pytest.mark.parametrize("method", METHODS)
+@pytest.mark.integration
 def test_the_small_scale_keeps_the_method_flags(tmp_path, method):
     env = {"SCALE": "small", "MODEL_A": "/m/smol", "MODEL_B": "/m/zoo", "DATA_DIR": "/d"}
     small = build_config(_argv_of(tmp_path, "small", method, env=env))
@@ -120,6 +125,7 @@ def test_the_small_scale_keeps_the_method_flags(tmp_path, method):
         assert getattr(small, name) == getattr(paper, name), name
 
 
+@pytest.mark.integration
 def test_the_small_pair_needs_its_models_and_the_small_scale(tmp_path):
     for env in ({"SCALE": "small"}, {"MODEL_A": "/a", "MODEL_B": "/b"}):
         result = subprocess.run(["bash", str(SCRIPTS / "train_table1.sh"), "small", "hacpo"],
@@ -128,6 +134,7 @@ def test_the_small_pair_needs_its_models_and_the_small_scale(tmp_path):
 
 
 @pytest.mark.parametrize("args", [("qwen3_1.7b_4b",), ("nopair", "hacpo"), ("qwen3_1.7b_4b", "ppo")])
+@pytest.mark.integration
 def test_bad_pair_or_method_is_named(tmp_path, args):
     result = subprocess.run(["bash", str(SCRIPTS / "train_table1.sh"), *args], capture_output=True, text=True)
     assert result.returncode == 2

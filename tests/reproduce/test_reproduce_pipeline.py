@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "scripts" / "reproduce_table1.sh"
 RUN_STATE = "openrlhf_hacpo.reproduce.run_state"
 
@@ -27,8 +29,9 @@ def _pipeline(tmp_path: Path, fail_on: str = "", **env: str) -> tuple[int, list[
                     "fail = os.environ.get('FAIL_ON')\n"
                     "sys.exit(1 if fail and fail in ' '.join(sys.argv[1:]) else 0)\n")
     shim.chmod(0o755)
+    # the stand-in is the script's Python (HACPO_PYTHON: taken as given, so no probe of it is recorded)
     full_env = {**os.environ, "PATH": f"{shim.parent}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
-                "DATA_DIR": "/data", "FAIL_ON": fail_on, **env}
+                "DATA_DIR": "/data", "FAIL_ON": fail_on, "HACPO_PYTHON": str(shim), **env}
     result = subprocess.run(["bash", str(SCRIPT)], env=full_env, capture_output=True, text=True)
     calls = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
     return result.returncode, calls
@@ -45,6 +48,7 @@ def _kind(call: list[str]) -> str:
     return module
 
 
+@pytest.mark.integration
 def test_stages_run_in_order_and_base_models_once(tmp_path):
     code, calls = _pipeline(tmp_path, PAIRS="qwen3_1.7b_4b qwen3_4b_llama3.2_3b", METHODS="hacpo gspo")
     assert code == 0
@@ -68,6 +72,7 @@ def test_stages_run_in_order_and_base_models_once(tmp_path):
     assert calls[-1][calls[-1].index("--results") + 1] == str(out / "eval")
 
 
+@pytest.mark.integration
 def test_a_rerun_continues_where_it_stopped(tmp_path):
     env = {"PAIRS": "qwen3_1.7b_4b", "METHODS": "hacpo gspo"}
     code, calls = _pipeline(tmp_path, fail_on="qwen3_1.7b_4b/gspo", **env)  # the second training run fails
@@ -82,6 +87,7 @@ def test_a_rerun_continues_where_it_stopped(tmp_path):
     assert [_kind(c) for c in _pipeline(tmp_path, **env)[1]] == ["prepare", "table"]
 
 
+@pytest.mark.integration
 def test_flags_reach_their_commands(tmp_path):
     code, calls = _pipeline(tmp_path, PAIRS="qwen3_4b_instruct", METHODS="naive", PREPARE_FLAGS="--source_dir /hf",
                             EVAL_FLAGS="--vllm_num_engines 8", TRAIN_FLAGS="--max_steps 3")
@@ -93,6 +99,7 @@ def test_flags_reach_their_commands(tmp_path):
     assert train[-2:] == ["--max_steps", "3"] and "--algorithm" in train and "naive" in train
 
 
+@pytest.mark.integration
 def test_unknown_pair_or_method_stops_before_anything_runs(tmp_path):
     assert _pipeline(tmp_path, PAIRS="nopair") == (2, [])
     assert _pipeline(tmp_path, METHODS="hacpo ppo") == (2, [])
@@ -102,6 +109,7 @@ def _restart_flags(call: list[str]) -> list[str]:
     return [x for x in call if x in ("--resume", "--overwrite")]
 
 
+@pytest.mark.integration
 def test_a_rerun_restarts_a_run_that_stopped_before_its_first_checkpoint(tmp_path):
     """The run stopped after its step-0 validation: eval.jsonl and nothing to continue from. The trainer refuses
     --resume there; the rerun starts it over in its folder, and keeps the finished run."""
@@ -119,6 +127,7 @@ def test_a_rerun_restarts_a_run_that_stopped_before_its_first_checkpoint(tmp_pat
     assert _restart_flags(train[0]) == ["--overwrite"]
 
 
+@pytest.mark.integration
 def test_a_rerun_continues_from_a_checkpoint_and_starts_an_empty_folder(tmp_path):
     env = {"PAIRS": "qwen3_1.7b_4b", "METHODS": "hacpo gspo grpo"}
     out = tmp_path / "out" / "qwen3_1.7b_4b"
@@ -135,6 +144,7 @@ def test_a_rerun_continues_from_a_checkpoint_and_starts_an_empty_folder(tmp_path
                      f"train {out}/grpo": []}
 
 
+@pytest.mark.integration
 def test_shared_baselines_are_trained_once(tmp_path):
     code, calls = _pipeline(tmp_path, PAIRS="qwen3_1.7b_4b qwen3_4b_llama3.2_3b", METHODS="gspo hacpo",
                             SHARE_BASELINES="1")

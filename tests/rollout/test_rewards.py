@@ -141,6 +141,7 @@ def test_runner_in_process_scores_trajectories():
         assert bounded.score_trajectories(trajs) == [1.0, 0.0]
 
 
+@pytest.mark.integration
 def test_runner_process_pool_good_raising_and_timeout(tmp_path):
     """One worker process (spawn) serves the good file, reports the raising file, and is killed on a timeout."""
     good = write(tmp_path, "good_plain.py", GOOD_PLAIN)

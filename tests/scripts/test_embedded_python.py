@@ -95,6 +95,7 @@ def _run_summary(out: Path) -> subprocess.CompletedProcess:
                           capture_output=True, cwd=REPO, timeout=120)
 
 
+@pytest.mark.integration
 def test_the_smoke_summary_reads_a_metrics_file(tmp_path):
     records = [{"step": s, "agent": "llama32", "loss": 0.5 / s, "updates": 1} for s in (1, 2, 3)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -104,6 +105,7 @@ def test_the_smoke_summary_reads_a_metrics_file(tmp_path):
     assert done.stdout.strip().endswith("smoke_test: steps 1-3 logged, resume and evaluation done")
 
 
+@pytest.mark.integration
 def test_the_smoke_summary_fails_on_missing_steps(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "agent": "a"}\n{"step": 2, "agent": "a"}\n')
     done = _run_summary(tmp_path)

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from openrlhf_hacpo.data.arithmetic import make_splits
-from openrlhf_hacpo.zoo import AGENTS, PRESETS, build_agent, evaluate_accuracy, read_meta, spec_hash
+from openrlhf_hacpo.zoo import AGENTS, PRESETS, build_agent, build_zoo, evaluate_accuracy, read_meta, spec_hash
 from openrlhf_hacpo.zoo import __main__ as zoo_cli
 from openrlhf_hacpo.zoo import shipped
 from openrlhf_hacpo.zoo.shipped import (
@@ -172,12 +172,68 @@ def test_zoo_cli_verify_and_ship(tmp_path, capsys, make_tiny_spec, monkeypatch):
     assert zoo_cli.main(["verify", "--dest", str(tmp_path / "dest")]) == 0
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(AGENTS))
-def test_a_rebuild_on_this_machine_lands_inside_the_band(name, tmp_path):
+# An agent whose recipe equals another's but for a lower band is checked on the other's build: the warm start's
+# probes do not depend on the band until it stops, so the lower band's build is the first part of the other's.
+REPLAYED_ON = {"qwenM-early": "qwenM"}
+
+
+def _stop_of(probes, band):
+    """Where the warm start's stopping rule ends on this probe history: the first probe inside ``band`` ("band"),
+    or above it first ("overshoot"), else "max_steps"."""
+    lo, hi = band
+    for step, accuracy in probes:
+        if lo <= accuracy <= hi:
+            return "band", step
+        if accuracy > hi:
+            return "overshoot", step
+    return "max_steps", None
+
+
+def test_replayed_agents_share_their_recipe_but_the_band():
+    for early, source in REPLAYED_ON.items():
+        a, b = AGENTS[early], AGENTS[source]
+        assert a.warm_start.target_band[1] < b.warm_start.target_band[0], (early, source)
+        same_band = dataclasses.replace(a.warm_start, target_band=b.warm_start.target_band)
+        assert dataclasses.replace(a, name=source, warm_start=same_band) == b, (early, source)
+
+
+def test_the_shipped_builds_show_the_replay_holds():
+    """The shipped lower-band agent's recorded probes and losses are the start of the other agent's: one build of
+    the other answers for both."""
+    for early, source in REPLAYED_ON.items():
+        a, b = read_meta(SHIPPED_DIR / early)["warm_start"], read_meta(SHIPPED_DIR / source)["warm_start"]
+        assert a["probes"] == b["probes"][:len(a["probes"])] and len(a["probes"]) < len(b["probes"])
+        assert a["losses"] == b["losses"][:len(a["losses"])]
+        assert _stop_of(b["probes"], AGENTS[early].warm_start.target_band) == ("band", a["steps"])
+
+
+def test_the_stopping_rule_replay_by_hand():
+    probes = [(100, 0.02), (125, 0.04), (150, 0.09), (175, 0.22)]
+    assert _stop_of(probes, (0.05, 0.15)) == ("band", 150)
+    assert _stop_of(probes, (0.20, 0.35)) == ("band", 175)
+    assert _stop_of(probes, (0.01, 0.015)) == ("overshoot", 100)
+    assert _stop_of(probes[:2], (0.05, 0.15)) == ("max_steps", None)
+
+
+@pytest.fixture(scope="module")
+def rebuilt(tmp_path_factory) -> dict:
+    """Every agent that is not replayed, rebuilt from its recipe on this machine: two builds at a time, each in its
+    own process with one torch thread, as ``python -m openrlhf_hacpo.zoo build --jobs 2`` builds them."""
+    names = sorted(set(AGENTS) - set(REPLAYED_ON))
+    return build_zoo(names, tmp_path_factory.mktemp("rebuilt"), progress=False, jobs=2)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("name", sorted(set(AGENTS) - set(REPLAYED_ON)))
+def test_a_rebuild_on_this_machine_lands_inside_the_band(name, rebuilt):
     spec = AGENTS[name]
-    meta = read_meta(build_agent(spec, tmp_path, progress=False))
+    meta = read_meta(rebuilt[name])
     lo, hi = spec.warm_start.target_band
     ws = meta["warm_start"]
     assert ws["stop_reason"] == "band" and ws["band_hit"], ws["probes"]
     assert lo <= ws["probe_accuracy"] <= hi
+    assert _stop_of(ws["probes"], spec.warm_start.target_band) == ("band", ws["steps"])
+    for early in (e for e, source in REPLAYED_ON.items() if source == name):
+        # the lower band's build would have stopped inside its band, before this one
+        verdict, step = _stop_of(ws["probes"], AGENTS[early].warm_start.target_band)
+        assert verdict == "band" and step < ws["steps"], (early, ws["probes"])
