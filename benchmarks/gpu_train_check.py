@@ -312,8 +312,9 @@ def _trained(report: Report, name: str, flags: list[str], log: Path, what: str) 
     return True
 
 
-def check(device: str, out: Path, bf16: bool, tolerance: float) -> Report:
-    """Build the inputs, run both trainings and every check under ``out`` (emptied first)."""
+def check(device: str, out: Path, bf16: bool, tolerance: float, offload: bool = True) -> Report:
+    """Build the inputs, run both trainings and every check under ``out`` (emptied first); ``offload=False`` leaves
+    out :data:`OFFLOAD_CONFIGURATIONS`."""
     report = Report(device)
     if out.exists():
         shutil.rmtree(out)
@@ -338,7 +339,8 @@ def check(device: str, out: Path, bf16: bool, tolerance: float) -> Report:
     check_resumed_run(report, resumed, metrics, evals, tolerance)
     check_exports(report, straight, resumed, inputs, tolerance)
     check_lora(report, inputs, out, device, bf16)
-    check_offload(report, inputs, out, device, bf16)
+    if offload:
+        check_offload(report, inputs, out, device, bf16)
     return report
 
 
@@ -395,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="report file (default benchmarks/results/gpu_train_check.md on cuda, "
                              "OUT/gpu_train_check_cpu.md on cpu)")
     parser.add_argument("--fp32", action="store_true", help="train in fp32 instead of bf16")
+    parser.add_argument("--no_offload", action="store_true",
+                        help="leave out the offload configurations (on a CPU their first run compiles DeepSpeed's "
+                             "cpu_adam op; tests/gpu_stack/test_offload.py checks them on CPU)")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="largest relative difference accepted between the resumed and the uninterrupted run "
                              "(default 1e-6 on CPU, which is deterministic; 1e-3 on CUDA)")
@@ -415,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     # <report>.failed.md (and an exception's traceback with it)
     t0 = time.perf_counter()
     with ResultWriter(report_path.stem, report_path.parent, command=command, name="gpu_train_check") as out:
-        report = check(args.device, args.out.resolve(), bf16=not args.fp32, tolerance=tolerance)
+        report = check(args.device, args.out.resolve(), bf16=not args.fp32, tolerance=tolerance,
+                       offload=not args.no_offload)
         text = render(report, command, environment(), time.perf_counter() - t0)
         if report.ok:
             out.commit({report_path.suffix or ".md": text})

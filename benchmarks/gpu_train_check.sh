@@ -12,7 +12,8 @@
 # DeepSpeed is pure Python. Where it does not import, the check takes it from a folder holding DeepSpeed and its
 # dependencies (default .cache/gpu_deps, or HACPO_GPU_DEPS), built on a machine with the project's .venv by
 #   bash benchmarks/build_carry_deps.sh [--python-version 3.X]
-# and appended to PYTHONPATH. Other flags go to benchmarks/gpu_train_check.py (--out, --report, --fp32, --tolerance).
+# and appended to PYTHONPATH. Other flags go to benchmarks/gpu_train_check.py (--out, --report, --fp32, --tolerance,
+# --no_offload).
 # With OUT naming a folder, the report and the run logs are also copied there.
 # Exit status: 0 when every check passed, 1 when one failed, 2 when the check could not start.
 set -uo pipefail

@@ -1,8 +1,8 @@
 """The tiny main job (``python -m openrlhf_hacpo.cli.tiny run``, openrlhf_hacpo/zoo/job.py).
 
-Fast tests check the job's configuration, the generated trainer command and the run-folder rules; the slow test runs
-the whole main job (zoo build, evaluation, Ray + DeepSpeed training through the trainer CLI, evaluation, summary and
-plot) on two barely warm-started agents for two steps. The summary helpers are tested in tests/zoo/test_zoo_reports.py,
+Fast tests check the job's configuration, the generated trainer command and the run-folder rules; the e2e test runs
+the whole main job (agent folders, evaluation, Ray + DeepSpeed training through the trainer CLI, evaluation, summary
+and plot) on the shipped agents for two steps. The summary helpers are tested in tests/zoo/test_zoo_reports.py,
 the comparison script in tests/benchmarks/test_compare_tiny.py.
 """
 from __future__ import annotations
@@ -66,19 +66,24 @@ def test_output_folder_of_another_program_is_refused(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------ end to end
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_main_job_end_to_end(tmp_path):
-    from openrlhf_hacpo.zoo import AGENTS, Preset, RLHyperparams, WarmStartConfig
+    """The whole main job on the shipped agents for two steps: it builds nothing, names the agents by fingerprint,
+    writes the summary, evaluations, plot and trainer command, and its before/after accuracies equal both the
+    trainer's own evaluations and an independent evaluation of the same folders in this process. (Building agents
+    that do not ship is ``agent_folders``' job: tests/zoo/test_zoo_shipped.py and tests/zoo/test_zoo_cache.py.)"""
+    from openrlhf_hacpo.data import make_splits
+    from openrlhf_hacpo.zoo import AGENTS, SHIPPED_DIR, Preset, RLHyperparams
+    from openrlhf_hacpo.zoo.job import evaluate_folders, task_config
+    from openrlhf_hacpo.zoo.shipped import read_manifest
 
-    def quick(name):
-        spec = AGENTS[name]
-        return spec.replace(warm_start=WarmStartConfig(lr=spec.warm_start.lr, steps=20, log_every=10))
-
+    names = ("llamaS", "qwenM")
     rl = RLHyperparams(prompts_per_step=4, group_size=2, num_steps=2, eval_every=1, eval_size=16)
-    preset = Preset("e2e", "model", "two barely trained agents", (quick("llamaS"), quick("qwenM")), rl)
+    preset = Preset("e2e", "model", "the shipped agents, two steps", tuple(AGENTS[n] for n in names), rl)
     cfg = MainJobConfig(preset=preset, seed=1, output=tmp_path / "run", cache_dir=tmp_path / "zoo",
-                        data_dir=tmp_path / "data", build_jobs=1, progress=False)
+                        data_dir=tmp_path / "data", results_dir=tmp_path / "results", build_jobs=1, progress=False)
     returned = job.run_main_job(cfg)
+    assert not (tmp_path / "zoo").exists(), "nothing is built"
 
     run_dir = tmp_path / "run"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -86,12 +91,25 @@ def test_main_job_end_to_end(tmp_path):
     run = summary["run"]
     assert (run["preset"], run["algorithm"], run["seed"], run["steps"]) == ("e2e", "hacpo", 1, 2)
     assert run["wall_seconds"] > run["train_seconds"] > 0
+    assert set(run["phase_seconds"]) == {"setup", "train", "report"}
     assert run["rollouts_total"] == 2 * 2 * 4 * 2
-    assert set(summary["agents"]) == {"llamaS", "qwenM"}
+    for name in names:
+        used = run["agents_used"][name]
+        assert used["source"] == "shipped" and used["path"] == str(SHIPPED_DIR / name)
+        assert used["fingerprint"] == read_manifest(SHIPPED_DIR / name)["fingerprint"]
+    assert summary["reference"]["status"] == "no_reference" and "does not exist" in summary["reference"]["note"]
+    assert set(summary["agents"]) == set(names)
+
+    # the trainer's evaluations before and after equal an evaluation of the same folders in this process
+    problems = make_splits(task_config(rl))[rl.eval_split][: rl.eval_size]
+    before = evaluate_folders({n: SHIPPED_DIR / n for n in names}, problems, rl.max_new_tokens)
+    after = evaluate_folders({n: run_dir / "hf" / n for n in names}, problems, rl.max_new_tokens)
     evals = read_jsonl(run_dir / "eval.jsonl")
     for name, agent in summary["agents"].items():
         for key in ("acc_before", "acc_after", "acc_final"):
             assert isinstance(agent[key], float) and 0.0 <= agent[key] <= 1.0
+        assert agent["acc_before"] == pytest.approx(before[name])
+        assert agent["acc_after"] == pytest.approx(after[name])
         assert agent["steps"] == 2 and isinstance(agent["steps"], int)
         assert agent["rollouts_generated"] == 2 * 4 * 2
         assert agent["rows_trained"] == 2 * (2 * 4 * 2)            # own and the other agent's rollouts

@@ -9,7 +9,7 @@ from openrlhf_hacpo.utils.jsonl import read_records
 
 from fault_inputs import ZERO_REWARD, write_file
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
 
 def _tree(root) -> dict[str, bytes]:

@@ -41,3 +41,22 @@ def ray_cluster():
                                            "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0")}})
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def one_step_llama_run(tmp_path_factory, tiny_agents, base_args, prompt_file):
+    """The folder of one finished ``--no_ray`` run, made once per session for the tests that only read it: the llama
+    agent, 8 rows, one step, the default final joint checkpoint, no HF export, and 4-token evaluations before
+    training and after the step on two files (the prompt file and ``extra.jsonl``, one prompt of data source
+    ``extra``). A test that runs more commands in it works on a copy."""
+    import json
+
+    from openrlhf_hacpo.cli.train_hacpo import run
+
+    root = tmp_path_factory.mktemp("one_step_llama")
+    extra = root / "extra.jsonl"
+    extra.write_text(json.dumps({"input": "What is 1 + 1?", "label": "2", "prompt_id": "extra:0"}) + "\n")
+    run(base_args(root / "run", "--no_ray", "--agent", f"name=llama,pretrain={tiny_agents['llama']}",
+                  "--train_batch_size", "8", "--max_steps", "1", "--no_save_hf",
+                  "--eval_data", prompt_file, str(extra), "--eval_before_training", "--eval_generate_max_len", "4"))
+    return root / "run"

@@ -77,15 +77,12 @@ def test_one_source_has_no_per_source_keys(two_files):
     assert rec["accuracy"] == 0.5 and not any("/" in key for key in rec)
 
 
+@pytest.mark.e2e
 @pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
-def test_run_evaluates_before_the_first_step_on_every_file(tmp_path, tiny_agents, base_args, prompt_file):
-    from openrlhf_hacpo.cli.train_hacpo import run
-
-    second = _write(tmp_path / "extra.jsonl", [{"input": "What is 1 + 1?", "label": "2", "prompt_id": "extra:0"}])
-    run(base_args(tmp_path / "run", "--no_ray", "--agent", f"name=llama,pretrain={tiny_agents['llama']}",
-                  "--train_batch_size", "8", "--max_steps", "1", "--no_save_hf",
-                  "--eval_data", prompt_file, second, "--eval_before_training", "--eval_generate_max_len", "4"))
-    evals = read_records(tmp_path / "run" / "eval.jsonl")
+def test_run_evaluates_before_the_first_step_on_every_file(one_step_llama_run):
+    """A run with ``--eval_data`` of two files and ``--eval_before_training`` (tests/trainer/conftest.py) evaluates
+    at step 0 and after its one step, on the 8 + 1 prompts, with accuracy per data source."""
+    evals = read_records(one_step_llama_run / "eval.jsonl")
     assert [r["step"] for r in evals] == [0, 1]
     for rec in evals:
         assert rec["num_prompts"] == 9

@@ -23,7 +23,7 @@ from openrlhf_hacpo.actors.update_loop import UpdateLoop
 from openrlhf_hacpo.algorithms.capability import CapabilityTracker
 from openrlhf_hacpo.cli.train_hacpo import run
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
 CAPABILITIES = [0.2, 0.5, 0.8]
 

@@ -13,7 +13,7 @@ import torch
 
 from openrlhf_hacpo.cli.train_hacpo import run
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
 CASES = {
     "hacpo_kl_pessimistic": ["--algorithm", "hacpo", "--init_kl_coef", "0.05", "--cross_clip_mode", "pessimistic"],

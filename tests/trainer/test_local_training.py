@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from openrlhf_hacpo.trainer.controller import HACPOController
 from openrlhf_hacpo.utils.jsonl import read_records
 
 # DeepSpeed's ZeRO code calls torch.distributed collectives that torch marks as deprecated
-pytestmark = pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
 
 def _weights(path) -> dict[str, torch.Tensor]:
@@ -59,31 +58,21 @@ def test_one_agent_hacpo_matches_gspo(tmp_path, tiny_agents, base_args):
     assert rec_hacpo["loss"] == pytest.approx(rec_gspo["loss"], abs=1e-7)
 
 
-def test_gradient_accumulation_does_not_change_the_update(tmp_path, tiny_agents, base_args):
-    """Micro-batches of 1, 2 or 4 rows inside a 4-row update give the same step: loss denominators are the
-    mini-batch totals, so the micro-batch losses sum to the mini-batch loss."""
+def test_micro_batches_and_zero_stages_give_the_same_update(tmp_path, tiny_agents, base_args):
+    """One step of two agents, compared with the reference run (micro-batches of 4 rows, ZeRO-2):
+    * micro-batches of 1 row inside the 4-row update give the same step: loss denominators are the mini-batch
+      totals, so the micro-batch losses sum to the mini-batch loss;
+    * ZeRO 0 and 3 partition the same optimizer differently than ZeRO-2; the update must not change."""
     weights = {}
-    for micro in ("1", "4"):
-        out = tmp_path / f"micro{micro}"
-        run(base_args(out, "--no_ray", "--agent", f"name=qwen,pretrain={tiny_agents['qwen']}",
-                      "--agent", f"name=llama,pretrain={tiny_agents['llama']}", "--train_batch_size", "8",
-                      "--max_steps", "1") + ["--micro_train_batch_size", micro])
-        weights[micro] = _weights(out / "hf" / "qwen")
-    initial = _weights(tiny_agents["qwen"])
-    assert _relative_change(weights["1"], weights["4"], initial) < 1e-3
-
-
-def test_zero_stages_give_the_same_update(tmp_path, tiny_agents, base_args):
-    """ZeRO 0, 2 and 3 partition the same optimizer differently; the update must not change."""
-    weights = {}
-    for stage in ("0", "2", "3"):
-        out = tmp_path / f"zero{stage}"
+    for arm, extra in (("reference", ()), ("micro1", ("--micro_train_batch_size", "1")),
+                       ("zero0", ("--zero_stage", "0")), ("zero3", ("--zero_stage", "3"))):
+        out = tmp_path / arm
         run(base_args(out, "--no_ray", *_agent(tiny_agents, "qwen"), *_agent(tiny_agents), "--train_batch_size", "8",
-                      "--max_steps", "1", "--zero_stage", stage))
-        weights[stage] = _weights(out / "hf" / "qwen")
+                      "--max_steps", "1", *extra))
+        weights[arm] = _weights(out / "hf" / "qwen")
     initial = _weights(tiny_agents["qwen"])
-    assert _relative_change(weights["0"], weights["2"], initial) < 1e-3
-    assert _relative_change(weights["3"], weights["2"], initial) < 1e-3
+    for arm in ("micro1", "zero0", "zero3"):
+        assert _relative_change(weights[arm], weights["reference"], initial) < 1e-3, arm
 
 
 @pytest.mark.parametrize("extra", [
@@ -195,24 +184,21 @@ def test_reward_function_errors_are_reported(tmp_path, tiny_agents, base_args, b
         run(args)
 
 
-def test_resume_rejects_a_checkpoint_of_other_agents(tmp_path, tiny_agents, base_args):
-    run(base_args(tmp_path, "--no_ray", *_agent(tiny_agents), "--train_batch_size", "8", "--max_steps", "1",
-                  "--no_save_hf"))
-    assert (Path(tmp_path) / "checkpoints" / "latest").read_text().strip() == "global_step1"
+def test_resume_rejects_a_checkpoint_of_other_agents(tmp_path, tiny_agents, base_args, one_step_llama_run):
+    shutil.copytree(one_step_llama_run, tmp_path / "run")  # the shared run folder stays as it was
     with pytest.raises(ValueError, match=r"holds agents \['llama'\]"):
-        run(base_args(tmp_path, "--no_ray", *_agent(tiny_agents, "qwen"), "--train_batch_size", "8",
+        run(base_args(tmp_path / "run", "--no_ray", *_agent(tiny_agents, "qwen"), "--train_batch_size", "8",
                       "--max_steps", "2", "--resume"))
 
 
-def test_no_final_checkpoint_writes_the_hf_checkpoints_only(tmp_path, tiny_agents, base_args):
+def test_no_final_checkpoint_writes_the_hf_checkpoints_only(tmp_path, tiny_agents, base_args, one_step_llama_run):
     """--no_final_checkpoint: a finished run leaves hf/<agent>/ and no joint checkpoint; by default the end of the
-    run is a joint checkpoint that --resume continues from."""
-    flags = ("--no_ray", *_agent(tiny_agents), "--train_batch_size", "8", "--max_steps", "1")
-    run(base_args(tmp_path / "skip", *flags, "--no_final_checkpoint"))
+    run is a joint checkpoint that --resume continues from (the shared one-step run of tests/trainer/conftest.py)."""
+    run(base_args(tmp_path / "skip", "--no_ray", *_agent(tiny_agents), "--train_batch_size", "8", "--max_steps", "1",
+                  "--no_final_checkpoint"))
     assert (tmp_path / "skip" / "hf" / "llama" / "config.json").is_file()
     assert not (tmp_path / "skip" / "checkpoints").exists() or not any((tmp_path / "skip" / "checkpoints").iterdir())
-    run(base_args(tmp_path / "default", *flags, "--no_save_hf"))
-    assert (tmp_path / "default" / "checkpoints" / "latest").read_text().strip() == "global_step1"
+    assert (one_step_llama_run / "checkpoints" / "latest").read_text().strip() == "global_step1"
 
 
 @pytest.mark.parametrize("kernel_backend", ["torch", "triton"])

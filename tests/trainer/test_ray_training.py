@@ -14,7 +14,7 @@ from openrlhf_hacpo.rollout import RolloutStore, build_learner_batch
 from openrlhf_hacpo.trainer.controller import HACPOController, TrainingError
 from openrlhf_hacpo.utils.jsonl import read_records
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 STEP_KEYS = [
     "reward/mean", "capability", "advantage/mean", "advantage/std", "policy/own_ratio_mean",
@@ -66,17 +66,21 @@ def _greedy(model, tokenizer, prompt_ids, max_new_tokens) -> str:
     return tokenizer.decode(out, skip_special_tokens=True)
 
 
-def test_two_heterogeneous_agents_train_together(ray_cluster, tmp_path, tiny_agents, base_args, prompt_file):
-    out = tmp_path / "run"
-    controller = run(base_args(
-        out, *_agents(tiny_agents, "llama", "qwen"), "--train_batch_size", "8", "--max_steps", "2",
-        "--save_rollouts", "--eval_data", prompt_file, "--eval_steps", "1", "--eval_n_samples", "2",
-        "--eval_max_samples", "4", "--use_tensorboard", str(out / "tb")))
+def test_two_heterogeneous_agents_train_together_and_resume_exactly(ray_cluster, tmp_path, tiny_agents, base_args,
+                                                                  prompt_file):
+    """Two agents for 4 steps (a joint checkpoint every 2, saved rollouts, evaluation every step, TensorBoard): the
+    metrics, the foreign rows' old log-probs, the learners' views, the outputs and the evaluations; then a run resumed
+    from the step-2 checkpoint for the 2 remaining steps must repeat steps 3 and 4 exactly."""
+    out = tmp_path / "straight"
+    common = [*_agents(tiny_agents, "llama", "qwen"), "--train_batch_size", "8", "--max_steps", "4", "--save_steps", "2",
+              "--save_rollouts", "--eval_data", prompt_file, "--eval_steps", "1", "--eval_n_samples", "2",
+              "--eval_max_samples", "4"]
+    controller = run(base_args(out, *common, "--use_tensorboard", str(out / "tb")))
     cfg = controller.cfg
 
     # -- one metrics record per step and agent, with every figure
     records = read_records(out / "metrics.jsonl")
-    assert [(r["step"], r["agent"]) for r in records] == [(1, "llama"), (1, "qwen"), (2, "llama"), (2, "qwen")]
+    assert [(r["step"], r["agent"]) for r in records] == [(s, a) for s in (1, 2, 3, 4) for a in ("llama", "qwen")]
     for rec in records:
         missing = [k for k in STEP_KEYS if k not in rec]
         assert not missing, missing
@@ -94,20 +98,20 @@ def test_two_heterogeneous_agents_train_together(ray_cluster, tmp_path, tiny_age
         recomputed = _sequence_logprobs(model, _prompt_ids(tokenizer, traj.prompt), traj.action_token_ids())
         assert traj.source_logp_sum == pytest.approx(math.fsum(recomputed), abs=2e-4)
         source_mean[i] = math.fsum(recomputed) / len(recomputed)
-    for k, name in enumerate(cfg.agent_names):
+    for k, name in enumerate(cfg.agent_names):  # records[k]: step 1 of agent k
         foreign = [source_mean[i] for i, t in enumerate(step1) if t.source != k]
         assert records[k]["view/foreign_old_logp_mean"] == pytest.approx(sum(foreign) / len(foreign), abs=2e-4)
 
-    # -- the store's per-learner views: own ids kept, foreign text re-tokenized by the learner
-    step2 = controller.store.for_step(2)
-    assert {t.prompt_id for t in step2} == {t.prompt_id for t in step2 if t.source == 0}
+    # -- the store's per-learner views of the last step: own ids kept, foreign text re-tokenized by the learner
+    last = controller.store.for_step(4)
+    assert {t.prompt_id for t in last} == {t.prompt_id for t in last if t.source == 0}
     from openrlhf_hacpo.actors.scoring import view_config
 
     checked = 0
     for k, name in enumerate(cfg.agent_names):
         tokenizer = initial[name][1]
-        batch = build_learner_batch(step2, k, tokenizer, view_config(cfg))
-        for traj, row in zip(step2, batch.rows):
+        batch = build_learner_batch(last, k, tokenizer, view_config(cfg))
+        for traj, row in zip(last, batch.rows):
             assert row.is_own == (traj.source == k)
             assert tokenizer.decode(row.prompt_ids) == tokenizer.decode(_prompt_ids(tokenizer, traj.prompt))
             if row.is_own:
@@ -124,25 +128,48 @@ def test_two_heterogeneous_agents_train_together(ray_cluster, tmp_path, tiny_age
         before = dict(initial[name][0].named_parameters())
         assert max(float((p.detach() - before[n].detach()).abs().max()) for n, p in model.named_parameters()) > 1e-4
     latest = out / "checkpoints" / (out / "checkpoints" / "latest").read_text().strip()
-    assert latest.name == "global_step2"
-    assert torch.load(latest / "trainer_state.pt", weights_only=False)["step"] == 2
+    assert latest.name == "global_step4"
+    assert torch.load(latest / "trainer_state.pt", weights_only=False)["step"] == 4
     for name in cfg.agent_names:
         assert (latest / "agents" / name / "state").is_dir()
 
     evals = read_records(out / "eval.jsonl")
-    assert [(r["step"], r["agent"]) for r in evals] == [(1, "llama"), (1, "qwen"), (2, "llama"), (2, "qwen")]
+    assert [(r["step"], r["agent"]) for r in evals] == [(s, a) for s in (1, 2, 3, 4) for a in ("llama", "qwen")]
     from openrlhf_hacpo.data.prompts import load_prompt_dataset
     from openrlhf_hacpo.rollout import get_reward_fn
 
     eval_records = load_prompt_dataset(prompt_file, max_samples=4)
     reward = get_reward_fn(cfg.reward_fn)
-    for rec in evals[2:]:
+    for rec in evals[-2:]:  # the last step's, made with the exported weights
         model, tokenizer = _load(out / "hf" / rec["agent"])
         responses = [_greedy(model, tokenizer, _prompt_ids(tokenizer, r.prompt), cfg.generate_max_len)
                      for r in eval_records]
         expected = reward(responses, ["x"] * len(responses), [r.label for r in eval_records])
         assert rec["accuracy"] == pytest.approx(sum(v > 0 for v in expected) / len(expected))
         assert 0.0 <= rec["pass@1"] <= rec["pass@2"] <= 1.0
+
+    # -- resume: 4 steps straight == 2 steps, then a resumed run from the step-2 checkpoint for 2 more steps
+    # (evaluation samples under its own seeds, so it leaves the training's random state alone)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(out / "checkpoints" / "global_step2", resumed / "checkpoints" / "global_step2")
+    (resumed / "checkpoints" / "latest").write_text("global_step2\n")
+    run(base_args(resumed, *common, "--resume"))
+
+    a = {(r["step"], r["agent"]): r for r in records}
+    b = {(r["step"], r["agent"]): r for r in read_records(resumed / "metrics.jsonl")}
+    assert sorted(b) == [(3, "llama"), (3, "qwen"), (4, "llama"), (4, "qwen")]
+    for key, rec in b.items():
+        for name, value in rec.items():
+            if name.startswith(("time/", "rollout/tokens_per_s")) or not isinstance(value, float):
+                continue
+            assert value == pytest.approx(a[key][name], rel=1e-5, abs=1e-6), (key, name)
+    for name in ("llama", "qwen"):
+        wa, _ = _load(out / "hf" / name)
+        wb, _ = _load(resumed / "hf" / name)
+        pb = dict(wb.named_parameters())
+        assert max(float((p.detach() - pb[n].detach()).abs().max()) for n, p in wa.named_parameters()) < 1e-6
+    state = json.loads((resumed / "checkpoints" / "global_step4" / "trainer_state.json").read_text())
+    assert state["step"] == 4 and state["dataloader"]["position"] == 8
 
 
 def test_three_agents_and_a_dead_actor(ray_cluster, tmp_path, tiny_agents, base_args):
@@ -177,30 +204,3 @@ def test_three_agents_and_a_dead_actor(ray_cluster, tmp_path, tiny_agents, base_
             controller.fit()
     finally:
         controller.close()
-
-
-def test_resume_continues_exactly(ray_cluster, tmp_path, tiny_agents, base_args):
-    """4 steps straight == 2 steps, then a resumed run from the step-2 checkpoint for 2 more steps."""
-    straight = tmp_path / "straight"
-    args = [*_agents(tiny_agents, "llama", "qwen"), "--train_batch_size", "8", "--max_steps", "4"]
-    run(base_args(straight, *args, "--save_steps", "2"))
-    resumed = tmp_path / "resumed"
-    shutil.copytree(straight / "checkpoints" / "global_step2", resumed / "checkpoints" / "global_step2")
-    (resumed / "checkpoints" / "latest").write_text("global_step2\n")
-    run(base_args(resumed, *args, "--resume"))
-
-    a = {(r["step"], r["agent"]): r for r in read_records(straight / "metrics.jsonl")}
-    b = {(r["step"], r["agent"]): r for r in read_records(resumed / "metrics.jsonl")}
-    assert sorted(b) == [(3, "llama"), (3, "qwen"), (4, "llama"), (4, "qwen")]
-    for key, rec in b.items():
-        for name, value in rec.items():
-            if name.startswith(("time/", "rollout/tokens_per_s")) or not isinstance(value, float):
-                continue
-            assert value == pytest.approx(a[key][name], rel=1e-5, abs=1e-6), (key, name)
-    for name in ("llama", "qwen"):
-        wa, _ = _load(straight / "hf" / name)
-        wb, _ = _load(resumed / "hf" / name)
-        pb = dict(wb.named_parameters())
-        assert max(float((p.detach() - pb[n].detach()).abs().max()) for n, p in wa.named_parameters()) < 1e-6
-    state = json.loads((resumed / "checkpoints" / "global_step4" / "trainer_state.json").read_text())
-    assert state["step"] == 4 and state["dataloader"]["position"] == 8

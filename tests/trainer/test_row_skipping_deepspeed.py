@@ -13,7 +13,7 @@ import torch
 from openrlhf_hacpo.cli.train_hacpo import build_config
 from openrlhf_hacpo.trainer.controller import HACPOController
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
 FULL = ["--no_skip_zero_grad_rows", "--no_length_grouping"]
 

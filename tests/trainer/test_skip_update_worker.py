@@ -10,7 +10,7 @@ from loss_injection import nan_loss_at
 from openrlhf_hacpo.cli.train_hacpo import build_config
 from openrlhf_hacpo.trainer.controller import HACPOController
 
-pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
 
 @pytest.mark.parametrize("stage", ["1", "2", "3"])
