@@ -132,39 +132,37 @@ def test_a_sharded_folder_is_checked_shard_by_shard(tmp_path, tokenizer_dir):
 FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
+def _run_config(root, folder):
+    """A one-agent run of ``folder`` on four prompts written under ``root``."""
+    from openrlhf_hacpo.cli.train_hacpo import build_config
+
+    prompts = root / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"input": f"{i}+{i}=", "label": str(2 * i)}) + "\n" for i in range(4)))
+    return build_config(["--agent", f"name=probe,pretrain={folder}", "--prompt_data", str(prompts),
+                         "--reward_fn", "exact_match", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
+                         "--train_batch_size", "4", "--micro_train_batch_size", "2", "--no_ray",
+                         "--save_path", str(root / "run")])
+
+
 @given(drop=st.sets(st.sampled_from(FILES), min_size=1))
 @example(drop={"model.safetensors"})
 @fuzz(0.3)
 def test_missing_files_fail_before_any_worker_naming_the_agent(tmp_path_factory, tokenizer_dir, drop):
     """The whole pre-run check (:func:`check_run_inputs`) on a folder without some of its files."""
-    from openrlhf_hacpo.cli.train_hacpo import build_config
     from openrlhf_hacpo.trainer.run_inputs import check_run_inputs
 
     root = tmp_path_factory.mktemp("run")
     folder = _write_folder(root, tokenizer_dir, 23, 32, (23, 32), drop=tuple(sorted(drop)))
-    prompts = root / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"input": f"{i}+{i}=", "label": str(2 * i)}) + "\n" for i in range(4)))
-    cfg = build_config(["--agent", f"name=probe,pretrain={folder}", "--prompt_data", str(prompts),
-                        "--reward_fn", "exact_match", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
-                        "--train_batch_size", "4", "--micro_train_batch_size", "2", "--no_ray",
-                        "--save_path", str(root / "run")])
     with pytest.raises((ValueError, FileNotFoundError)) as info:
-        check_run_inputs(cfg)
+        check_run_inputs(_run_config(root, folder))
     message_names(info.value, OWNER, folder)
 
 
 def test_a_consistent_folder_passes_the_whole_pre_run_check(tmp_path, tokenizer_dir):
-    from openrlhf_hacpo.cli.train_hacpo import build_config
     from openrlhf_hacpo.trainer.run_inputs import check_run_inputs
 
     folder = _write_folder(tmp_path, tokenizer_dir, 23, 32, (23, 32))
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"input": f"{i}+{i}=", "label": str(2 * i)}) + "\n" for i in range(4)))
-    cfg = build_config(["--agent", f"name=probe,pretrain={folder}", "--prompt_data", str(prompts),
-                        "--reward_fn", "exact_match", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
-                        "--train_batch_size", "4", "--micro_train_batch_size", "2", "--no_ray",
-                        "--save_path", str(tmp_path / "run")])
-    loader, eval_records = check_run_inputs(cfg)
+    loader, eval_records = check_run_inputs(_run_config(tmp_path, folder))
     assert len(loader.records) == 4 and eval_records is None
 
 
