@@ -8,7 +8,6 @@ the comparison script in tests/benchmarks/test_compare_tiny.py.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 

@@ -27,7 +27,7 @@ def test_shortfalls_are_logged_and_a_finished_run_is_protected(tmp_path, run_arg
     # fewer steps than asked: announced at start with the numbers
     assert "--max_steps 6 asks for more steps than the data gives: 4 prompts // rollout_batch_size 2 = 2 step(s)" in log
     # all-zero rewards: a warning naming the agent and the reward function
-    assert f"agent 'llama': every reward was 0 for 2 steps in a row (up to step 2)" in log and reward in log
+    assert "agent 'llama': every reward was 0 for 2 steps in a row (up to step 2)" in log and reward in log
     # save messages reach the run log; pruning kept the newest checkpoint
     assert "saved joint checkpoint" in log and (run / "checkpoints" / "global_step2").is_dir()
     assert [r["step"] for r in read_records(run / "metrics.jsonl")] == [1, 2]

@@ -20,7 +20,7 @@ def test_a_hanging_reward_function_times_out(tmp_path, workers):
     runner = RewardRunner(reward, num_workers=workers, timeout_s=2.0)
     start = time.monotonic()
     try:
-        with pytest.raises(RewardTimeoutError, match=rf"reward '.*hangs\.py' did not score 3 samples within 2.0 s"):
+        with pytest.raises(RewardTimeoutError, match=r"reward '.*hangs\.py' did not score 3 samples within 2.0 s"):
             runner(["a", "b", "c"], ["p", "p", "p"], ["1", "1", "1"])
     finally:
         runner.close()
@@ -77,7 +77,6 @@ def test_a_stopped_worker_hits_the_phase_timeout(tmp_path):
 
 def test_phase_timeout_is_the_step_timeout_flag():
     from openrlhf_hacpo.actors.agent_group import AgentGroup
-    from openrlhf_hacpo.actors.policy import PolicyWorker
     from openrlhf_hacpo.cli.train_hacpo import build_config
 
     flags = ["--agent", "name=a,pretrain=/m", "--prompt_data", "x.jsonl", "--n_samples_per_prompt", "2",
