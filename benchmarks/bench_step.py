@@ -40,7 +40,7 @@ for entry in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(entry))
 
 from bench_kernels import MIB, _pin_malloc_to_mmap, _reset_peak_rss, _status_kib  # noqa: E402
-from results_io import RESULTS_DIR, run_facts, save_results  # noqa: E402
+from results_io import RESULTS_DIR, ResultWriter, run_facts  # noqa: E402
 
 MODELS = ("large_vocab", "zoo")
 PASSES = ("score", "update")
@@ -353,24 +353,26 @@ def main(argv=None) -> int:
     stem = args.out or f"step_{device}"
     results: list[Result] = []
 
-    def save(complete: bool) -> str:
+    def report(complete: bool) -> tuple[dict, str]:
         meta["complete"] = complete
         ratio_rows = ratios(results)
-        md = markdown(meta, results, ratio_rows)
         payload = {"meta": meta, "results": [asdict(r) for r in results], "ratios": ratio_rows}
-        save_results(stem, payload, md, RESULTS_DIR)
-        return md
+        return payload, markdown(meta, results, ratio_rows)
 
-    for model in models:
-        for pass_name in passes:
-            for path in PATHS:
-                case = Case(model, pass_name, path, shapes[model], device, dtype, reps, warmup, args.vocab)
-                result = measure(case, args.timeout, args.in_process or cuda)
-                results.append(result)
-                print(f"  {model:12s} {pass_name:7s} {path:7s} tokens={result.tokens:6d} "
-                      f"s={_fmt(result.seconds)} peak={_fmt(result.peak_mib, 0)} MiB {result.note}", flush=True)
-                save(complete=False)
-    md = save(complete=True)
+    # the committed step_<device>.{json,md} are replaced only by a finished run; figures so far go to
+    # step_<device>.failed.md, where they stay if the run stops
+    with ResultWriter(stem, RESULTS_DIR, name="bench_step") as out:
+        for model in models:
+            for pass_name in passes:
+                for path in PATHS:
+                    case = Case(model, pass_name, path, shapes[model], device, dtype, reps, warmup, args.vocab)
+                    result = measure(case, args.timeout, args.in_process or cuda)
+                    results.append(result)
+                    print(f"  {model:12s} {pass_name:7s} {path:7s} tokens={result.tokens:6d} "
+                          f"s={_fmt(result.seconds)} peak={_fmt(result.peak_mib, 0)} MiB {result.note}", flush=True)
+                    out.progress(report(complete=False)[1])
+        payload, md = report(complete=True)
+        out.commit({".json": payload, ".md": md})
     print(f"\nwrote {RESULTS_DIR / stem}.json and .md\n")
     print(md)
     return 0

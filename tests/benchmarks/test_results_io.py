@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_kernels  # noqa: E402
+import bench_step  # noqa: E402
 import gpu_train_check  # noqa: E402
 import results_io  # noqa: E402
 import throughput  # noqa: E402
@@ -127,6 +128,27 @@ def test_bench_kernels_failing_part_way_keeps_the_committed_tables(tmp_path, mon
     text = (tmp_path / "loss_fail.failed.md").read_text()
     assert "RuntimeError: out of memory at 1x128" in text
     assert "## Figures measured before the failure" in text and "torch_twin" in text and "1.25" in text
+
+
+def test_bench_step_failing_part_way_keeps_the_committed_tables(tmp_path, monkeypatch):
+    committed = _committed(tmp_path, "step_fail")
+    calls = []
+
+    def measure(case, timeout_s, in_process=False):
+        calls.append(case)
+        if len(calls) == 2:
+            raise RuntimeError(f"child process of {case.model}/{case.pass_name}/{case.path} died")
+        return bench_step.Result(case.model, case.pass_name, case.path, case.shape.tokens, 0, seconds=0.125)
+
+    monkeypatch.setattr(bench_step, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(bench_step, "measure", measure)
+    with pytest.raises(RuntimeError, match="child process of .* died"):
+        bench_step.main(["--cpu", "--quick", "--in-process", "--models", "zoo", "--out", "step_fail"])
+    assert _unchanged(committed)
+    text = (tmp_path / "step_fail.failed.md").read_text()
+    assert "RuntimeError: child process of zoo/" in text
+    figures = text.split("## Figures measured before the failure", 1)[1]
+    assert "zoo" in figures and "0.12" in figures  # the first case's row, its 0.125 s as the table prints it
 
 
 def test_throughput_without_runs_keeps_the_committed_tables(tmp_path, capsys):
