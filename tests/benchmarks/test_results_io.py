@@ -165,7 +165,7 @@ def test_gpu_train_check_with_a_failed_check_keeps_the_previous_report(tmp_path,
     report = tmp_path / "results" / "gpu_train_check.md"
     committed = _committed(report.parent, "gpu_train_check", ".md")
 
-    def check(device, out, bf16, tolerance):
+    def check(device, out, bf16, tolerance, offload=True):
         result = gpu_train_check.Report(device)
         result.add("train", True, "3 steps")
         result.add("resume = uninterrupted (llama)", False, "loss differs by 3e-2")
