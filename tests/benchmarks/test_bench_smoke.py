@@ -67,6 +67,7 @@ def test_loss_floor_bytes_counts_reads_and_the_gradient_write():
     assert x.one_read_bytes() == 4 * 4 * 16 + rows
 
 
+@pytest.mark.integration  # runs a benchmark's main on real shapes (seconds)
 def test_tune_loss_tiles_flags_a_tile_that_disagrees_with_the_twin(monkeypatch):
     """The sweep's correctness check accepts the shipped and a small tile, and fails when the two backends compute
     different losses (here: the twin given a wider foreign window)."""
@@ -92,6 +93,7 @@ def test_tune_loss_tiles_flags_a_tile_that_disagrees_with_the_twin(monkeypatch):
     assert not tune.run_case(x, (1, 2048, 4), (2, 1024, 4))["matches_twin"]
 
 
+@pytest.mark.integration  # runs a benchmark's main on real shapes (seconds)
 def test_bench_kernels_loss_section_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_kernels, "RESULTS_DIR", tmp_path)
     assert bench_kernels.main(["--only", "loss", "--cpu-small", "--quick", "--loss-shapes", "2x64,1x128",
@@ -111,6 +113,7 @@ def test_bench_kernels_flags_exclude_each_other(tmp_path, monkeypatch):
         bench_kernels.main(["--only", "loss", "--no-loss"])
 
 
+@pytest.mark.integration  # runs a benchmark's main on real shapes (seconds)
 def test_bench_step_runs_both_models_and_paths(tmp_path, monkeypatch):
     monkeypatch.setattr(bench_step, "RESULTS_DIR", tmp_path)
     assert bench_step.main(["--cpu", "--quick", "--in-process", "--vocab", "4096", "--large-shape", "2x4x8",

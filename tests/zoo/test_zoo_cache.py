@@ -17,6 +17,7 @@ from openrlhf_hacpo.zoo import cache as cache_mod
 PROMPT = [{"role": "user", "content": "Q: 347+285=?"}]
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_built_agents_load_with_auto_classes(tiny_zoo, tiny_specs):
     cache, paths = tiny_zoo
     assert set(paths) == {"llamaS", "qwenM"}
@@ -40,6 +41,7 @@ def test_built_agents_load_with_auto_classes(tiny_zoo, tiny_specs):
         assert meta["spec"]["warm_start"]["steps"] == 20
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_unchanged_spec_reuses_cache(tiny_zoo, tiny_specs):
     cache, paths = tiny_zoo
     stamps = {n: (p / "zoo_meta.json").stat().st_mtime_ns for n, p in paths.items()}
@@ -50,6 +52,7 @@ def test_unchanged_spec_reuses_cache(tiny_zoo, tiny_specs):
     assert {n: (p / "zoo_meta.json").stat().st_mtime_ns for n, p in again.items()} == stamps
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_changed_spec_builds_new_folder(tiny_zoo, make_tiny_spec):
     cache, paths = tiny_zoo
     changed = make_tiny_spec("llamaS", steps=3)
@@ -61,6 +64,7 @@ def test_changed_spec_builds_new_folder(tiny_zoo, make_tiny_spec):
     assert not is_built(paths["llamaS"], changed)
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch, make_tiny_spec):
     def killed(*args, **kwargs):
         raise KeyboardInterrupt
@@ -72,6 +76,7 @@ def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch, make_tiny_spec)
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_incomplete_folder_and_dead_temp_dirs_are_replaced(tmp_path, make_tiny_spec):
     spec = make_tiny_spec("llamaS", steps=2)
     final = tmp_path / f"{spec.name}-{spec_hash(spec)}"
@@ -88,6 +93,7 @@ def test_incomplete_folder_and_dead_temp_dirs_are_replaced(tmp_path, make_tiny_s
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([final.name, recent.name])
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_force_rebuilds(tmp_path, make_tiny_spec):
     spec = make_tiny_spec("llamaS", steps=2)
     path = build_agent(spec, tmp_path, progress=False)
@@ -112,6 +118,7 @@ def test_read_meta_on_plain_folder(tmp_path):
         read_meta(tmp_path)
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_parallel_build_dispatch(tmp_path, monkeypatch, make_tiny_spec):
     """``jobs=2`` hands each missing agent to the pool (threads stand in for spawned processes here); the specs
     it sends must survive pickling, as a process pool needs."""

@@ -86,6 +86,7 @@ def test_pass_at_k_matches_brute_force():
         pass_at_k(4, 1, 5)
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_batched_left_padding_equals_one_by_one(tiny_zoo):
     _, paths = tiny_zoo
     problems = sample_problems([1, 2, 3, 4], 8, seed=4)  # prompt lengths differ -> real left padding
@@ -96,6 +97,7 @@ def test_batched_left_padding_equals_one_by_one(tiny_zoo):
         assert batched == single
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_responses_match_the_recorded_generate_loop(tiny_zoo):
     """Greedy and seeded sampled texts of both tiny agents equal what the zoo's own batched ``generate`` loop
     produced (recorded in ``recorded_responses.json`` before that loop was replaced by the rollout engine), with

@@ -65,6 +65,7 @@ def test_spec_validation():
     assert AGENTS["qwenM"].replace(warm_start={"steps": 5, "target_band": None}).warm_start.steps == 5
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_cli_build_and_list(tmp_path, monkeypatch, capsys, make_tiny_spec):
     tiny = (make_tiny_spec("llamaS", steps=2),)
     monkeypatch.setattr(zoo_cli, "resolve_agents", lambda selection: tiny)

@@ -132,6 +132,7 @@ def test_every_preset_gets_the_shipped_agents_without_a_build(preset, monkeypatc
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_rebuild_builds_and_names_the_agent_by_its_own_fingerprint(tmp_path, make_tiny_spec, capsys):
     root, cache = tmp_path / "shipped", tmp_path / "cache"
     spec = make_tiny_spec("llamaS", steps=2)
@@ -156,6 +157,7 @@ def test_rebuild_builds_and_names_the_agent_by_its_own_fingerprint(tmp_path, mak
     assert record["fingerprint"] != record["shipped_fingerprint"] == read_manifest(root / "llamaS")["fingerprint"]
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_zoo_cli_verify_and_ship(tmp_path, capsys, make_tiny_spec, monkeypatch):
     assert zoo_cli.main(["verify"]) == 0
     out = capsys.readouterr().out

@@ -54,6 +54,7 @@ def test_same_seed_same_weights():
     assert not all(torch.equal(a, b) for a, b in zip(m1.parameters(), m3.parameters()))
 
 
+@pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
 def test_warm_start_lowers_loss(tiny_zoo):
     _, paths = tiny_zoo
     for path in paths.values():
