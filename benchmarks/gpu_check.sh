@@ -6,7 +6,7 @@
 #
 # Parts (each has its own time limit; a failure is recorded and the next part still runs):
 #   1. tests     CUDA kernel tests (compiled Triton), the CUDA algorithm tests and the fused log-prob path on CUDA
-#                (tests/kernels, tests/algorithms, tests/models; "not slow")
+#                (tests/kernels, tests/algorithms, tests/models; "not e2e")
 #   2. kernels   benchmarks/bench_kernels.py --quick --no-loss: log-prob kernels and fused linear log-probs
 #   3. loss      benchmarks/bench_kernels.py --only loss: the fused loss kernel against the op-by-op torch loss
 #   4. step      benchmarks/bench_step.py: one scoring pass and one update micro-batch, full logits vs fused
@@ -101,7 +101,7 @@ part() {  # part NAME LIMIT_S COMMAND...
     echo "| $name | $verdict | $((SECONDS - start)) |" >> "$DRAFT"
 }
 
-part tests 200 "$PY" -m pytest tests/kernels tests/algorithms tests/models -q -m "not slow" -p no:cacheprovider
+part tests 200 "$PY" -m pytest tests/kernels tests/algorithms tests/models -q -m "not e2e" -p no:cacheprovider
 part kernels 150 "$PY" benchmarks/bench_kernels.py --quick --no-loss --out kernels_gpu
 part loss 120 "$PY" benchmarks/bench_kernels.py --only loss
 part step 150 "$PY" benchmarks/bench_step.py
