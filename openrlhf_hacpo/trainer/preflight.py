@@ -85,15 +85,9 @@ class GpuDemand:
 
 def gpu_demand(cfg: TrainConfig) -> list[GpuDemand]:
     """Per agent: ``dp_size`` policy GPUs; with the vllm backend ``vllm_num_engines * tp`` engine GPUs, which with
-    ``--colocate_all_models`` sit on the policy's bundles (the agent then needs max(dp, engines * tp))."""
-    out = []
-    for agent in cfg.resolved_agents():
-        engines = agent.vllm_num_engines * agent.vllm_tensor_parallel_size if cfg.rollout_backend == "vllm" else 0
-        if cfg.colocate_all_models:
-            out.append(GpuDemand(agent.name, max(agent.dp_size, engines), 0))
-        else:
-            out.append(GpuDemand(agent.name, agent.dp_size, engines))
-    return out
+    ``--colocate_all_models`` sit on the policy's bundles (the agent then needs max(dp, engines * tp)): the bundle
+    counts of :func:`~openrlhf_hacpo.engines.node_plan.agent_demands`, which the node placement uses too."""
+    return [GpuDemand(d.agent, d.policy_bundles, d.engine_bundles) for d in agent_demands(cfg)]
 
 
 def check_gpu_count(cfg: TrainConfig, cluster_gpus: float) -> None:
