@@ -1,19 +1,25 @@
 #!/usr/bin/env bash
 # Build the folder benchmarks/gpu_train_check.sh takes DeepSpeed from on a GPU machine that has torch, Triton and
 # transformers but not DeepSpeed (and cannot install packages): DeepSpeed and the packages it and transformers'
-# ZeRO-3 loading import that such a machine lacks, copied from the project's .venv.
+# ZeRO-3 loading import that such a machine lacks, and peft (LoRA agents), copied from the project's .venv.
 #
-#   bash benchmarks/build_carry_deps.sh                          # -> .cache/gpu_deps (git-ignored), about 20 MiB
+#   bash benchmarks/build_carry_deps.sh                          # -> .cache/gpu_deps (git-ignored), about 22 MiB
 #   bash benchmarks/build_carry_deps.sh --python-version 3.12    # for another Python: the compiled packages
 #                                                                # (pydantic_core, psutil, msgpack) as that
 #                                                                # version's wheels, downloaded with pip
 #   bash benchmarks/build_carry_deps.sh --out DIR
 #
-# The packages (DeepSpeed 0.19.6's requirements, and accelerate for transformers' HfDeepSpeedConfig):
+# The packages (DeepSpeed 0.19.6's requirements, accelerate for transformers' HfDeepSpeedConfig, peft for
+# --lora_rank; all pure Python but pydantic_core, psutil and msgpack):
 #   deepspeed, accelerate, hjson, py-cpuinfo, einops, msgpack, psutil, pydantic, pydantic_core, annotated-types,
-#   typing-inspection, typing-extensions (pydantic needs a newer one than torch does)
-# torch, numpy, packaging, tqdm, pyyaml, safetensors and huggingface_hub come with torch and transformers; ninja is
-# only needed to compile DeepSpeed's C++/CUDA ops, which the project does not use.
+#   typing-inspection, typing-extensions (pydantic needs a newer one than torch does), peft
+# torch, numpy, packaging, tqdm, pyyaml, safetensors and huggingface_hub come with torch and transformers (peft needs
+# nothing else).
+# Not carried: what compiles DeepSpeed's C++ ops. --adam_offload uses DeepSpeed's CPU Adam, a C++ op built on its
+# first use (JIT, into TORCH_EXTENSIONS_DIR) with ninja (the `ninja` binary or the pip package), a C++ compiler (g++)
+# and the Python headers (Python.h, e.g. python3.12-dev); without them the first adam_offload run fails while
+# building "cpu_adam" (an op built against another torch does not load, so a build cannot be carried either).
+# The other configurations compile nothing.
 # BUILD_INFO.json in the folder names the Python version and machine it was built for; the folder must stay under
 # 64 MiB (the device tool's limit on what travels with the working tree).
 # The packages are copied from the project's Python (scripts/python_env.sh): HACPO_PYTHON or PYTHON or HACPO_VENV
@@ -35,7 +41,7 @@ import zipfile
 from pathlib import Path
 
 CARRY = ["deepspeed", "accelerate", "hjson", "py-cpuinfo", "einops", "msgpack", "psutil", "pydantic", "pydantic_core",
-         "annotated-types", "typing-inspection", "typing-extensions"]
+         "annotated-types", "typing-inspection", "typing-extensions", "peft"]
 LIMIT = 64 * 2**20
 
 root = Path(sys.argv[1])

@@ -29,7 +29,10 @@ Arms (G = the preset's group size, 8):
   ``pessimistic-delta0``, the pessimistic rule on the window [1, 1] (Naive's one-sided rule with HACPO's
   advantages, ω and sg(c)^α), and ``pessimistic-delta0-no-adv`` the same with the plain joint-mean advantage (it
   differs from Naive only by ω on foreign rows); ``eos-keep``, HACPO with the EOS token in the ratio and the loss
-  (the main-branch code's behaviour; the default drops it, as v1 does).
+  (the main-branch code's behaviour; the default drops it, as v1 does);
+* ``lora`` (``--arms lora``, not part of ``all``): HACPO with a LoRA adapter on both agents instead of
+  full-parameter training (:data:`LORA_RANK`, :data:`LORA_ALPHA`, :data:`LORA_LR`); ``benchmarks/compare_tiny_lora.py``
+  runs it and puts it beside the committed full-parameter HACPO seeds.
 
 Per arm and agent it reports the final test accuracy (mean of the last two periodic evaluations; mean ± sample std
 over seeds), rollouts generated, wall time, tokens/s, seconds per phase, and the foreign-ratio statistics logged
@@ -81,6 +84,13 @@ from results_io import ResultWriter  # noqa: E402
 RESULTS_DIR = REPO / "benchmarks" / "results"
 COMMANDS_FILE = "commands.txt"
 """Every command that ran arms into a runs folder, one per line (listed in the report)."""
+
+
+LORA_RANK, LORA_ALPHA, LORA_LR = 8, 32, 3e-3
+"""The LoRA arm's adapter on every linear layer of both agents (``lora``; benchmarks/compare_tiny_lora.py): rank 8 of
+hidden sizes 64 and 96, α = 32 (the scale α / r = 4), and 10x the full-parameter learning rate of the preset
+(3e-4), the ratio Schulman et al. 2025 ("LoRA Without Regret") measured between the best LoRA and full fine-tuning
+learning rates with α = 32."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,6 +161,9 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         reference="pessimistic-delta0", extra=("--cross_clip_mode", "pessimistic", "--cross_clip_delta", "0")),
     Arm("eos-keep", "HACPO, EOS trained (--eos_policy keep)", "hacpo", kind="lever", reference="hacpo",
         extra=("--eos_policy", "keep")),
+    Arm("lora", f"HACPO, LoRA r={LORA_RANK} (α {LORA_ALPHA}, lr {LORA_LR:g})", "hacpo", kind="lora",
+        reference="hacpo", extra=("--lora_rank", str(LORA_RANK), "--lora_alpha", str(LORA_ALPHA),
+                                  "--actor_learning_rate", f"{LORA_LR:g}")),
 )}
 MAIN_COMPARISONS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive"))
 """(arm, baseline) pairs of the headline comparison."""
@@ -158,7 +171,7 @@ GROUPS = {"main": [a for a in ARMS if ARMS[a].kind == "main"],
           "ablations": [a for a in ARMS if ARMS[a].kind == "ablation"],
           "levers": [a for a in ARMS if ARMS[a].kind == "lever"]}
 GROUPS["all"] = GROUPS["main"] + GROUPS["ablations"]
-DEFAULT_SEEDS = {"main": (0, 1, 2, 3, 4), "ablation": (0, 1), "lever": (0, 1)}
+DEFAULT_SEEDS = {"main": (0, 1, 2, 3, 4), "ablation": (0, 1), "lever": (0, 1), "lora": (0, 1, 2)}
 
 
 def _log(message: str) -> None:

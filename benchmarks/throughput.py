@@ -48,7 +48,7 @@ for _p in (str(ROOT), str(HERE)):
         sys.path.insert(0, _p)
 
 from throughput_report import format_accuracy, format_report, plot_accuracy, plot_report  # noqa: E402
-from throughput_setups import ARMS, BASELINE, CONFIGS, Setup, interleave, make_setup, parse_models  # noqa: E402
+from throughput_setups import ARMS, BASELINE, CONFIGS, OPTIONAL_ARMS, Setup, interleave, make_setup, parse_models  # noqa: E402
 from throughput_stats import arm_ratios, summarize_agents, summarize_arm, time_to_reach  # noqa: E402
 
 from results_io import ResultWriter  # noqa: E402
@@ -240,6 +240,11 @@ def build_payload(setup: Setup, order: Sequence[tuple[int, str]], root: Path, *,
                      + (f"; HACPO step / GSPO ×2 step (equal trained rows): **"
                         f"{arms['hacpo']['step_s']['median'] / arms['gspo2x']['step_s']['median']:.3f}**"
                         if "gspo2x" in arms else "") + ".")
+    for name in ("gspo", "naive", "hacpo"):  # the scoring saving: steps/s with it over steps/s without
+        if name in arms and f"{name}-from-update" in arms:
+            ratio = arms[name]["step_s"]["median"] / arms[f"{name}-from-update"]["step_s"]["median"]
+            notes.append(f"{ARMS[name].label}, old log-probs from the update (`--old_logp_from_update`): "
+                         f"**{ratio:.3f}×** the steps/s without it (median step seconds).")
     return {"config": setup.name, "description": setup.description,
             "settings": {"steps": steps, "warmup": warmup, "rounds": rounds},
             "order": [list(o) for o in order], "command": command, "machine": _machine(), "commit": _commit(),
@@ -305,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None, help="first steps of each run left out [2; smollm2: 1]")
     p.add_argument("--rounds", type=int, default=None, help="runs per arm, interleaved [2; smollm2: 1]")
     p.add_argument("--arms", default=None, help="comma-separated subset of the configuration's arms "
-                   "(gspo, gspo2x, naive, hacpo; three also hacpo-n2); must include gspo")
+                   "(gspo, gspo2x, naive, hacpo; three also hacpo-n2) and of the optional arms with "
+                   "--old_logp_from_update (gspo-from-update, naive-from-update, hacpo-from-update); must include "
+                   "gspo")
     p.add_argument("--seed", type=int, default=0, help="seed of every run (the same prompts in every arm)")
     p.add_argument("--runs_dir", type=Path, default=None, help="run folders [<runs>/throughput/<config>]")
     p.add_argument("--results_dir", type=Path, default=RESULTS_DIR, help="where the tables go [benchmarks/results]")
@@ -347,9 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.time_to_accuracy:
             return _time_to_accuracy(args, setup, root, extra, command)
         arms = setup.arms if args.arms is None else tuple(a.strip() for a in args.arms.split(",") if a.strip())
-        unknown = [a for a in arms if a not in setup.arms]
+        unknown = [a for a in arms if a not in setup.arms + OPTIONAL_ARMS]
         if unknown:
-            raise ValueError(f"--arms {','.join(unknown)}: not arms of --config {setup.name} ({', '.join(setup.arms)})")
+            raise ValueError(f"--arms {','.join(unknown)}: not arms of --config {setup.name} "
+                             f"({', '.join(setup.arms + OPTIONAL_ARMS)})")
         if BASELINE not in arms:
             raise ValueError(f"--arms must include {BASELINE}, the baseline of every ratio")
         steps = args.steps or setup.steps

@@ -24,20 +24,21 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["ARMS", "BASELINE", "CONFIGS", "Arm", "DirectSettings", "Setup", "interleave", "make_setup",
+__all__ = ["ARMS", "BASELINE", "CONFIGS", "OPTIONAL_ARMS", "Arm", "DirectSettings", "Setup", "interleave", "make_setup",
            "parse_models", "without_eval_flags"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """One side of the comparison: a trainer algorithm preset, G × ``group_factor``, optionally another tiny
-    preset than the configuration's (``preset``)."""
+    preset than the configuration's (``preset``) and trainer flags of its own (``flags``, before the user's)."""
 
     name: str
     label: str
     algorithm: str
     group_factor: int = 1
     preset: str | None = None
+    flags: tuple[str, ...] = ()
 
 
 ARMS: dict[str, Arm] = {a.name: a for a in (
@@ -46,9 +47,13 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("naive", "Naive", "naive"),
     Arm("hacpo", "HACPO", "hacpo"),
     Arm("hacpo-n2", "HACPO, N = 2 (preset model)", "hacpo", preset="model"),
+    *(Arm(f"{name}-from-update", f"{label}, old log-probs from the update", name, flags=("--old_logp_from_update",))
+      for name, label in (("gspo", "GSPO"), ("naive", "Naive"), ("hacpo", "HACPO"))),
 )}
 BASELINE = "gspo"
 MAIN_ARMS = ("gspo", "gspo2x", "naive", "hacpo")
+OPTIONAL_ARMS = ("gspo-from-update", "naive-from-update", "hacpo-from-update")
+"""Arms a run takes only when ``--arms`` names them: the main arms with ``--old_logp_from_update``."""
 
 
 def interleave(arms: Sequence[str], rounds: int) -> list[tuple[int, str]]:
@@ -139,6 +144,7 @@ class Setup:
                 extra: Sequence[str] = ()) -> list[str]:
         """The command of one run of ``arm``. ``eval_steps=None``: no evaluation (throughput runs);
         otherwise (tiny presets only) the tiny main job with an evaluation every ``eval_steps`` steps."""
+        extra = (*arm.flags, *extra)
         if self.tiny_preset is None:
             return self._direct_command(arm, seed=seed, steps=steps, output=output, eval_steps=eval_steps,
                                         extra=extra)

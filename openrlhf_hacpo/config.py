@@ -45,12 +45,16 @@ __all__ = [
     "AGENT_FIELDS",
     "only_for_refusal",
     "ROLLOUT_BACKENDS",
+    "ENGINE_BACKENDS",
     "LR_SCHEDULERS",
     "AgentConfig",
     "TrainConfig",
 ]
 
-ROLLOUT_BACKENDS = ("hf", "vllm")
+ROLLOUT_BACKENDS = ("hf", "hf_engine", "vllm")
+ENGINE_BACKENDS = ("hf_engine", "vllm")
+"""Rollout backends that generate in engine actors of their own, to which the policy syncs its weights after every
+update (``hf`` generates inside the policy actor)."""
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
 DEVICES = ("auto", "cpu", "cuda")
 ZERO_STAGES = (0, 1, 2, 3)
@@ -82,8 +86,9 @@ class AgentConfig:
       full-parameter training when ``lora_rank`` > 0 (:mod:`openrlhf_hacpo.actors.lora`).
     * ``adam_offload`` / ``param_offload`` / ``deepspeed_enable_sleep`` / ``ref_reward_offload``: where the policy's
       and the reference's states live (docs/gpu.md, Memory options).
-    * ``node``: pin the agent's GPU bundles to one node of a multi-node Ray cluster: its address (``10.0.0.2``), node
-      id, a custom resource present on exactly that node (``nodeA``) or a ``key=value`` label (docs/multinode.md).
+    * ``node``: pin the agent's bundles (GPUs; CPUs on a CPU-only run) to one node of a multi-node Ray cluster: its
+      address (``10.0.0.2``), node id, a custom resource present on exactly that node (``nodeA``) or a ``key=value``
+      label (docs/multinode.md).
     """
 
     name: str
@@ -223,7 +228,9 @@ class TrainConfig:
                                      "right-truncated to it)")
 
     rollout_backend: str = _rollout("hf", choices=ROLLOUT_BACKENDS, help="vllm: vLLM engines as Ray actors; hf: "
-                                    "transformers generate inside the policy actor")
+                                    "transformers generate inside the policy actor; hf_engine: transformers "
+                                    "generate in one engine actor per agent beside the policy (CPU; weights synced "
+                                    "through the object store, cores split between policy and engine)")
     n_samples_per_prompt: int = _rollout(8, ge=1, help="G, responses per prompt and agent")
     rollout_batch_size: int = _rollout(128, ge=1, help="prompts per step")
     temperature: float = _rollout(1.0, gt=0, help="rollout temperature (also used for every log-prob)")
@@ -292,6 +299,10 @@ class TrainConfig:
                                           "to have zero gradient at the update (same result, more compute)")
     length_grouping: bool = _training(True, flag="--no_length_grouping", help="micro-batches in the given row order "
                                       "instead of grouped by length (same result, more padding computed)")
+    old_logp_from_update: bool = _training(False, help="own rows of a step's first update take their old "
+                                           "log-probs from that update's forward (detached) instead of a scoring "
+                                           "pass at rollout; other learners' probes wait for them (same result, "
+                                           "less compute)")
     actor_num_gpus_per_node: int = _training(1, ge=1, help="data-parallel policy workers per agent")
     device: str = _training("auto", choices=DEVICES, help="auto: cuda when the Ray cluster has GPUs")
     use_ray: bool = _training(True, flag="--no_ray", help="run every agent's worker inside this process (one worker "
@@ -419,8 +430,12 @@ class TrainConfig:
                 if agent.dp_size != 1:
                     raise ValueError(f"agents[{agent.name!r}].dp_size={agent.dp_size} needs Ray (use_ray=True); "
                                      "without Ray every agent runs one worker in the driver process")
-            if self.rollout_backend == "vllm":
-                raise ValueError("rollout_backend='vllm' needs Ray (use_ray=True): vLLM engines run as Ray actors")
+            if self.rollout_backend in ENGINE_BACKENDS:
+                raise ValueError(f"rollout_backend={self.rollout_backend!r} needs Ray (use_ray=True): its engines run "
+                                 "as Ray actors")
+        if self.rollout_backend == "hf_engine" and self.device == "cuda":
+            raise ValueError("rollout_backend='hf_engine' runs its engines on CPU cores; with device='cuda' use "
+                             "rollout_backend='vllm' (engine actors on GPUs) or 'hf' (generate on the policy's GPU)")
         rows = self.rows_per_learner
         if rows % self.train_batch_size:
             raise ValueError(

@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "rollout": {"utils", "algorithms"},  # a learner batch builds the loss input (algorithms.PolicyLossInput)
     "data": {"utils", "rollout"},
     "models": {"utils"},
-    "engines": {"utils"},
+    "engines": {"utils", "models"},  # the HF engine actor loads its tokenizer as a policy does
     "config": {"utils", "algorithms", "rollout", "models"},
     "actors": {"utils", "algorithms", "rollout", "models", "engines", "config"},
     "trainer": {"utils", "algorithms", "rollout", "data", "models", "engines", "config", "actors"},

@@ -3,12 +3,14 @@
 The controller talks to an agent only through its :class:`AgentGroup`. With Ray (the default) the workers are
 actors: ``dp_size`` :class:`~openrlhf_hacpo.actors.policy.PolicyWorker` ranks (Ray actors) forming the agent's own
 ``torch.distributed`` group, an optional :class:`~openrlhf_hacpo.actors.reference.ReferenceWorker` (when the KL
-coefficient is positive) and, for the ``vllm`` backend, ``vllm_num_engines`` vLLM engine actors. Without Ray
+coefficient is positive) and its rollout engines: ``vllm_num_engines`` vLLM engine actors for the ``vllm``
+backend, one :class:`~openrlhf_hacpo.engines.hf_engine.HFEngine` actor (transformers ``generate``) for ``hf_engine``,
+none for ``hf`` (the policy generates). Without Ray
 (``use_ray=False``) one plain :class:`~openrlhf_hacpo.actors.policy.PolicyWorker` runs in the driver process.
 
 Methods that start work on the workers return a :class:`Pending`; ``Pending.result()`` waits for it and gives one
 typed value (:mod:`openrlhf_hacpo.actors.results`). Starting the same phase on every agent before waiting on any makes
-the agents work concurrently; a vLLM rollout starts generation and scoring at once (the scoring waits for the
+the agents work concurrently; an engine rollout starts generation and scoring at once (the scoring waits for the
 engines' outputs inside Ray), so its pending is one level too. A worker that dies surfaces as
 :class:`AgentWorkerDied` naming the agent; a wait longer than ``--step_timeout`` (a hung or stopped worker) surfaces as
 :class:`AgentPhaseTimeout` naming the agent, the worker and the phase.
@@ -20,9 +22,8 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Sequence
 
-import torch
-
-from openrlhf_hacpo.actors.pending import AgentPhaseTimeout, AgentWorkerDied, Pending, is_actor_death
+from openrlhf_hacpo.actors.pending import (AgentPhaseTimeout, AgentWorkerDied, Pending, WorkerRef, death_error,
+                                           is_actor_death, phase_of)
 from openrlhf_hacpo.actors.policy import PolicyWorker
 from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult, WorkerInfo
 from openrlhf_hacpo.algorithms import CapabilityRatios
@@ -43,8 +44,8 @@ class AgentGroup:
         agent_index: this agent's index in ``cfg.agents``.
         total_updates: optimizer updates of the whole run (learning-rate schedule).
         use_gpu: place workers on GPUs (placement groups) instead of CPU processes.
-        node_placement: the node of each of the agent's GPU bundles (:func:`~openrlhf_hacpo.engines.node_plan.
-            plan_nodes`); None lets Ray pack the bundles (a one-node cluster, CPU workers).
+        node_placement: the node of each of the agent's bundles, GPU bundles or, on a CPU-only cluster, CPU bundles
+            (:func:`~openrlhf_hacpo.engines.node_plan.plan_nodes`); None lets Ray pack them (a one-node cluster).
         started_local_ray: the driver started its own local Ray (the group then meets on ``--bind_host``); None
             asks Ray (:func:`~openrlhf_hacpo.utils.network.driver_started_ray`).
     """
@@ -68,6 +69,9 @@ class AgentGroup:
         self._engine_placement_group = None
         self.node_placement = node_placement
         self.started_local_ray = started_local_ray
+        self.rendezvous: tuple[str, int] | None = None  # where the agent's DeepSpeed group met (dp > 1)
+        # actor id (hex) -> the node it runs on, for error messages (:meth:`record_nodes`)
+        self.worker_nodes: dict[str, str] = {}
         self._broadcast_ready = False
         self._engines_sleep = False
         self._engines_awake = False
@@ -106,7 +110,7 @@ class AgentGroup:
 
         from openrlhf_hacpo.actors.policy import policy_actor_class
         from openrlhf_hacpo.actors.reference import reference_actor_class
-        from openrlhf_hacpo.engines.placement import gpu_bundle_group, wait_placement_group
+        from openrlhf_hacpo.engines.placement import bundle_group, wait_placement_group
         from openrlhf_hacpo.utils.network import driver_started_ray
 
         dp = self.agent.dp_size
@@ -114,24 +118,29 @@ class AgentGroup:
         strategies: list[dict[str, Any]] = [{} for _ in range(dp)]
         ref_options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 0}
         policy_gpus = 0.0
-        if self.use_gpu:
+        # GPU runs always take GPU bundles; CPU-only runs take CPU bundles when the plan pins them to nodes (a
+        # multi-node cluster), else their workers ask for nothing and Ray starts them on the driver's node
+        if self.use_gpu or self.node_placement is not None:
+            kind = "GPU" if self.use_gpu else "CPU"
             bundles = dp
-            if colocate and self.cfg.rollout_backend == "vllm":
+            if self.use_gpu and colocate and self.cfg.rollout_backend == "vllm":
                 bundles = max(dp, self.agent.vllm_num_engines * self.agent.vllm_tensor_parallel_size)
             nodes = self.node_placement.policy if self.node_placement is not None else None
-            self._placement_group = gpu_bundle_group(bundles, nodes)
+            self._placement_group = bundle_group(bundles, nodes, kind)
             try:
                 wait_placement_group(self._placement_group, self.placement_timeout_s,
-                                     f"agent {self.name!r}: {bundles} GPU bundle(s) for its policy"
-                                     + (" and colocated engines" if bundles > dp else ""))
+                                     f"agent {self.name!r}: {bundles} {kind} bundle(s) for its policy"
+                                     + (" and colocated engines" if bundles > dp else ""), kind)
             except TimeoutError:
                 self._placement_group = None  # removed by the wait; shutdown has nothing left to remove
                 raise
-            shares = 1 + int(self.needs_reference) + int(colocate and self.cfg.rollout_backend == "vllm")
-            policy_gpus = 1.0 / shares if shares > 1 else 1.0
+            ref_gpus = 0.0
+            if self.use_gpu:
+                shares = 1 + int(self.needs_reference) + int(colocate and self.cfg.rollout_backend == "vllm")
+                policy_gpus = ref_gpus = 1.0 / shares if shares > 1 else 1.0
             strategies = [{"scheduling_strategy": PlacementGroupSchedulingStrategy(
                 placement_group=self._placement_group, placement_group_bundle_index=r)} for r in range(dp)]
-            ref_options = {"num_cpus": 0, "num_gpus": 1.0 / shares, "scheduling_strategy":
+            ref_options = {"num_cpus": 0, "num_gpus": ref_gpus, "scheduling_strategy":
                            PlacementGroupSchedulingStrategy(placement_group=self._placement_group,
                                                             placement_group_bundle_index=0)}
         self.policies = [policy_actor_class().options(num_cpus=0, num_gpus=policy_gpus, **strategies[r]).remote(
@@ -140,6 +149,7 @@ class AgentGroup:
         addr, port = (self._call(self.policies[:1], PolicyWorker.get_master_addr_port, [(started_local_ray,)],
                                  "policy", lambda v: v[0]).result()
                       if dp > 1 else (None, None))
+        self.rendezvous = (addr, port) if addr is not None else None
         refs = [p.setup.remote(addr, port) for p in self.policies]
         if self.needs_reference:
             self.reference = reference_actor_class().options(**ref_options).remote(
@@ -150,7 +160,7 @@ class AgentGroup:
             refs.append(self.reference.setup.remote())
         # colocated engines start once the policies hold their GPU memory, so vLLM sizes its cache to what is left
         engines_after_policies = self.use_gpu and colocate
-        if self.cfg.rollout_backend == "vllm" and not engines_after_policies:
+        if self.has_engines and not engines_after_policies:
             self._create_engines()
         n_policy = len(self.policies)
 
@@ -158,13 +168,30 @@ class AgentGroup:
             if self.reference is not None:
                 self._call(self.policies, PolicyWorker.set_reference, [(self.reference,)] * n_policy, "policy",
                            lambda v: v).result()
-            if self.cfg.rollout_backend == "vllm" and engines_after_policies:
+            if self.has_engines and engines_after_policies:
                 self._create_engines()
+            if self.cfg.rollout_backend == "hf_engine":
+                self._hf_engines_ready()
             return values[:n_policy]
 
-        return Pending(self, "policy", refs, combine, remote=True, method="setup")
+        return Pending(self, "policy", refs, combine, remote=True, method="setup",
+                       workers=[*self.policies, *([self.reference] if self.reference is not None else [])])
+
+    @property
+    def has_engines(self) -> bool:
+        """The agent generates in engine actors of its own (``vllm``, ``hf_engine``), synced after every update."""
+        from openrlhf_hacpo.config import ENGINE_BACKENDS
+
+        return self.cfg.rollout_backend in ENGINE_BACKENDS
+
+    @property
+    def _engine_role(self) -> str:
+        return "HF engine" if self.cfg.rollout_backend == "hf_engine" else "vLLM engine"
 
     def _create_engines(self) -> None:
+        if self.cfg.rollout_backend == "hf_engine":
+            self._create_hf_engine()
+            return
         from openrlhf_hacpo.engines.settings import resolve_engine_settings
         from openrlhf_hacpo.engines.vllm_engine import create_vllm_engines
 
@@ -180,7 +207,7 @@ class AgentGroup:
         )
         if colocated:
             kwargs["shared_placement_group"] = self._placement_group
-        elif self.use_gpu and self.node_placement is not None:
+        elif self.node_placement is not None:
             kwargs["engine_placement_group"] = self._pinned_engine_group()
         if not self.use_gpu:
             kwargs["cpu_omp_threads_binds"] = self._cpu_core_binds()
@@ -197,14 +224,16 @@ class AgentGroup:
 
     def _pinned_engine_group(self):
         """The dedicated engines' placement group, each bundle on the node the plan gives it."""
-        from openrlhf_hacpo.engines.placement import gpu_bundle_group, wait_placement_group
+        from openrlhf_hacpo.engines.placement import bundle_group, wait_placement_group
 
         agent = self.agent
-        self._engine_placement_group = gpu_bundle_group(len(self.node_placement.engines), self.node_placement.engines)
+        kind = "GPU" if self.use_gpu else "CPU"
+        self._engine_placement_group = bundle_group(len(self.node_placement.engines), self.node_placement.engines,
+                                                    kind)
         try:
             wait_placement_group(self._engine_placement_group, self.placement_timeout_s,
                                  f"agent {self.name!r}: {agent.vllm_num_engines} engine(s) x TP "
-                                 f"{agent.vllm_tensor_parallel_size} GPUs")
+                                 f"{agent.vllm_tensor_parallel_size} {kind}s", kind)
         except TimeoutError:
             self._engine_placement_group = None  # removed by the wait
             raise
@@ -213,7 +242,8 @@ class AgentGroup:
     def locations(self) -> dict[str, Any]:
         """Where this agent's workers landed: per policy rank, for the reference and per engine actor its node id,
         node address and GPU ids (a TP engine's actor holds no GPU: its shards sit on the bundles listed under
-        ``planned_nodes``); empty without Ray."""
+        ``planned_nodes``), and ``rendezvous``, the address and port its DeepSpeed group met on (None for one rank);
+        empty without Ray."""
         if not self.use_ray:
             return {}
         from openrlhf_hacpo.engines.placement import actor_locations
@@ -228,7 +258,20 @@ class AgentGroup:
         if self.node_placement is not None and not (self.use_gpu and self.cfg.colocate_all_models):
             for i, entry in enumerate(out["engines"]):
                 entry["planned_nodes"] = list(self.node_placement.engine_nodes(i))
+        out["rendezvous"] = ({"address": self.rendezvous[0], "port": self.rendezvous[1]}
+                             if self.rendezvous is not None else None)
         return out
+
+    def record_nodes(self, locations: dict[str, Any], labels: dict[str, str]) -> None:
+        """Remember the node of every worker (``locations`` as :meth:`locations` gives them; ``labels``: node id ->
+        how errors name the node), so a worker that dies or hangs is reported with its node."""
+        entries = [*locations.get("policy", []), *([locations["reference"]] if locations.get("reference") else []),
+                   *locations.get("engines", [])]
+        actors = [*self.policies, *([self.reference] if self.reference is not None else []), *self.engines]
+        for actor, entry in zip(actors, entries):
+            actor_id = getattr(actor, "_actor_id", None)
+            if actor_id is not None:
+                self.worker_nodes[actor_id.hex()] = labels.get(entry["node_id"], entry.get("address", "?"))
 
     def _cpu_core_binds(self) -> list[str]:
         """This agent's share of the host's cores for its CPU engines: every engine of every agent gets its own
@@ -242,8 +285,46 @@ class AgentGroup:
         offset = sum(counts[:self.index])
         return binds[offset:offset + counts[self.index]]
 
+    def _core_share(self, process: int):
+        """``hf_engine``: the share of its node's cores of this agent's process ``process`` (policy ranks, then the
+        engine; :func:`~openrlhf_hacpo.engines.settings.split_cpu_cores`)."""
+        from openrlhf_hacpo.engines.settings import CoreShare
+
+        counts = tuple(a.dp_size + 1 for a in self.cfg.resolved_agents())
+        return CoreShare(counts, self.index, process)
+
+    def _create_hf_engine(self) -> None:
+        """``hf_engine``: one :class:`~openrlhf_hacpo.engines.hf_engine.HFEngine` actor beside the policy, in the
+        policy's placement group when it has one (on rank 0's node), with the last share of the agent's cores; its
+        model loads while the policies set up (:meth:`_hf_engines_ready` waits for it)."""
+        from openrlhf_hacpo.engines.hf_engine import create_hf_engine
+
+        if self.use_gpu:
+            raise ValueError(f"agent {self.name!r}: --rollout_backend hf_engine runs its engine on CPU cores; on GPUs "
+                             "use --rollout_backend vllm (engine actors on GPUs) or hf (generate on the policy's GPU)")
+        strategy = None
+        if self._placement_group is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            strategy = PlacementGroupSchedulingStrategy(placement_group=self._placement_group,
+                                                        placement_group_bundle_index=0)
+        self.engines = [create_hf_engine(self.agent, seed=self.cfg.seed + 1000 * self.index,
+                                         core_share=self._core_share(self.agent.dp_size),
+                                         scheduling_strategy=strategy)]
+
+    def _hf_engines_ready(self) -> None:
+        """Wait until the engines have loaded their models, then pin each policy rank to its share of the cores
+        (the policies have set up: the threads DeepSpeed started are pinned with them)."""
+        import ray
+
+        from openrlhf_hacpo.engines.hf_engine import HFEngine
+
+        self._call(self.engines, HFEngine.ready, [()] * len(self.engines), self._engine_role, lambda v: v).result()
+        ray.get([policy.__ray_call__.remote(_bind_policy_cores, self._core_share(rank))
+                 for rank, policy in enumerate(self.policies)], timeout=self.timeout_s)
+
     def _engines_call(self, method: Callable[..., Any]) -> None:
-        self._call(self.engines, method, [()] * len(self.engines), "vLLM engine", lambda v: v).result()
+        self._call(self.engines, method, [()] * len(self.engines), self._engine_role, lambda v: v).result()
 
     def _wake_engines(self) -> None:
         """Sleep mode, before a generation: wake whatever the engines still have asleep (everything, or after a
@@ -279,9 +360,9 @@ class AgentGroup:
                     for w, a, kw in zip(workers, args_per_worker, kwargs_per_worker)]
         except Exception as err:
             if is_actor_death(err):
-                raise AgentWorkerDied(self.name, role, str(err).splitlines()[0]) from err
+                raise death_error(self, WorkerRef(role), err, phase_of(name)) from err
             raise
-        return Pending(self, role, refs, combine, remote=True, method=name)
+        return Pending(self, role, refs, combine, remote=True, method=name, workers=workers)
 
     def _all_policies(self, method: Callable[..., Any], *args: Any,
                       combine: Callable[[list[Any]], Any] = lambda v: v[0]) -> Pending:
@@ -290,13 +371,13 @@ class AgentGroup:
     def rollout(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> Pending:
         """Sample ``sampling.n`` responses per prompt; the result is the agent's :class:`RolloutResult` (its
         trajectories not yet verified)."""
-        if self.cfg.rollout_backend == "vllm":
-            return self._rollout_vllm(prompts, sampling, step)
+        if self.has_engines:
+            return self._rollout_engines(prompts, sampling, step)
         shards = split_shards(prompts, len(self.policies))
         args = [(shard, shard_sampling(sampling, rank), step) for rank, shard in enumerate(shards)]
         return self._call(self.policies, PolicyWorker.rollout, args, "policy", RolloutResult.combine)
 
-    def _rollout_vllm(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> Pending:
+    def _rollout_engines(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> Pending:
         """Rank 0 renders the prompts once; the engines sample and every policy rank scores its prompts' responses.
 
         Both phases start now: each scoring call takes the engines' results as Ray arguments, so it runs as soon as
@@ -312,9 +393,9 @@ class AgentGroup:
         self._wake_engines()
         engine_shards = [s for s in split_shards(indices, len(self.engines)) if s]
         engines = self.engines[:len(engine_shards)]
-        generation = self._call(engines, _engine_class().generate,
+        generation = self._call(engines, _engine_class(self.cfg.rollout_backend).generate,
                                 [([rendered.ids[i] for i in shard], shard_sampling(sampling, e))
-                                 for e, shard in enumerate(engine_shards)], "vLLM engine",
+                                 for e, shard in enumerate(engine_shards)], self._engine_role,
                                 lambda outputs: generated())
         outputs = generation.parts
         if self._engines_sleep:  # engines sleep before the (colocated) policies score
@@ -328,7 +409,8 @@ class AgentGroup:
             combined = scoring.combine(parts)
             return replace(combined, timings={**combined.timings, **timer.seconds})
 
-        return Pending(self, scoring.role, scoring.parts, combine, scoring.remote, scoring.method, after=generation)
+        return Pending(self, scoring.role, scoring.parts, combine, scoring.remote, scoring.method, after=generation,
+                       workers=scoring.workers)
 
     def _after_sleep(self, engines: Sequence[Any], outputs: Sequence[Any]) -> list[Any]:
         """Engine e's outputs, available once engine e is asleep again (its ``sleep`` runs after its ``generate``:
@@ -339,19 +421,20 @@ class AgentGroup:
 
     def generate(self, prompts: Sequence[Any], sampling: SamplingConfig) -> Pending:
         """Responses only (no scoring), prompt-major like :meth:`RolloutEngine.generate`; used for evaluation."""
-        if self.cfg.rollout_backend == "vllm":
+        if self.has_engines:
             prompt_ids = self.render_prompts(prompts)
             self._wake_engines()
             shards = split_shards(list(range(len(prompts))), len(self.engines))
             args = [([prompt_ids[i] for i in shard], shard_sampling(sampling, e)) for e, shard in enumerate(shards)]
-            workers, role, method = self.engines, "vLLM engine", _engine_class().generate
+            workers, role = self.engines, self._engine_role
+            method = _engine_class(self.cfg.rollout_backend).generate
         else:
             shards = split_shards(list(range(len(prompts))), len(self.policies))
             args = [([prompts[i] for i in shard], shard_sampling(sampling, r)) for r, shard in enumerate(shards)]
             workers, role, method = self.policies, "policy", PolicyWorker.generate
 
         def combine(parts: list[list[GenerationOutput]]) -> list[GenerationOutput]:
-            if self.cfg.rollout_backend == "vllm":
+            if self.has_engines:
                 self._sleep_engines()
                 if self.agent.deepspeed_enable_sleep:
                     self._all_policies(PolicyWorker.wake, combine=lambda v: None).result()
@@ -384,8 +467,19 @@ class AgentGroup:
         return self._all_policies(PolicyWorker.train_step, trajectories, step, ratios,
                                   combine=TrainStepResult.combine)
 
+    def train_own_rows_first(self, trajectories: Any, step: int, ratios: CapabilityRatios) -> Pending:
+        """Phase 1 of a step with ``old_logp_from_update`` (:mod:`~openrlhf_hacpo.actors.first_update`): the result
+        maps trajectory positions to this agent's old log-probs of its own responses, every rank's merged."""
+        return self._all_policies(PolicyWorker.train_own_rows_first, trajectories, step, ratios,
+                                  combine=lambda parts: {p: v for part in parts for p, v in part.items()})
+
+    def train_finish(self, old_means: Sequence[float]) -> Pending:
+        """Phase 2: the step's updates, given every trajectory's old log-prob mean; a :class:`TrainStepResult`."""
+        return self._all_policies(PolicyWorker.train_finish, list(old_means), combine=TrainStepResult.combine)
+
     def sync_weights(self) -> float:
-        """Copy the policy's weights into the agent's vLLM engines; returns seconds spent (0 without engines).
+        """Copy the policy's weights into the agent's engines (vLLM or HF); returns seconds spent (0 without
+        engines).
 
         The path is :meth:`weight_sync_mode`'s. Sleeping engines get back only their weights' memory for the copy
         (the policy ranks empty their CUDA cache first, :meth:`PolicyIO.sync_weights_to_engines`); their KV cache
@@ -419,7 +513,9 @@ class AgentGroup:
         return self._all_policies(PolicyWorker.save_hf, path)
 
     def save_checkpoint(self, path: str) -> Pending:
-        return self._all_policies(PolicyWorker.save_checkpoint, path)
+        """Every rank saves its part under ``path``; the result is each rank's manifest of the files it wrote
+        (:func:`~openrlhf_hacpo.actors.checkpoint_files.rank_manifest`), in rank order."""
+        return self._all_policies(PolicyWorker.save_checkpoint, path, combine=list)
 
     def load_checkpoint(self, path: str) -> Pending:
         return self._all_policies(PolicyWorker.load_checkpoint, path)
@@ -457,8 +553,20 @@ def _first_of_task():
     return ray.remote(num_cpus=0)(_first_of)
 
 
-def _engine_class():
-    """The vLLM engine's class (its module imports Ray and is loaded only when an agent has engines)."""
+def _engine_class(backend: str = "vllm"):
+    """The engine class of ``backend`` (its module is loaded only when an agent has engines: the vLLM one imports
+    Ray)."""
+    if backend == "hf_engine":
+        from openrlhf_hacpo.engines.hf_engine import HFEngine
+
+        return HFEngine
     from openrlhf_hacpo.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine
+
+
+def _bind_policy_cores(_worker: Any, share: Any) -> list[int] | None:
+    """Run inside a policy actor (``__ray_call__``): pin it to its share of its node's cores (``hf_engine``)."""
+    from openrlhf_hacpo.engines.hf_engine import bind_to_share
+
+    return bind_to_share(share)

@@ -18,10 +18,11 @@ from typing import Any, Sequence
 
 import torch
 
+from openrlhf_hacpo.actors import first_update
 from openrlhf_hacpo.actors.deepspeed_setup import build_policy_engine, init_agent_process_group
 from openrlhf_hacpo.actors.lora import AdapterDisabledReference
 from openrlhf_hacpo.actors.policy_io import PolicyIO
-from openrlhf_hacpo.actors.results import RankTrainResult, RolloutResult, WorkerInfo
+from openrlhf_hacpo.actors.results import RankTrainResult, RolloutResult, WorkerInfo, WorkerResources
 from openrlhf_hacpo.actors.scoring import RenderedPrompts, RolloutScorer, view_config
 from openrlhf_hacpo.actors.sharding import outputs_for_shard
 from openrlhf_hacpo.actors.update_loop import UpdateLoop
@@ -31,12 +32,10 @@ from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
 from openrlhf_hacpo.models.tokenizer import load_tokenizer
 from openrlhf_hacpo.rollout import Trajectory
 from openrlhf_hacpo.utils.network import free_port, rendezvous_host
+from openrlhf_hacpo.utils.process_memory import process_memory
 from openrlhf_hacpo.utils.timing import PhaseTimer
 
 __all__ = ["PolicyWorker", "policy_actor_class"]
-
-GENERATE_BATCH_ROWS = 64
-"""Rows (prompt x sample) per transformers ``generate`` call of the ``hf`` backend."""
 
 
 class PolicyWorker:
@@ -75,7 +74,7 @@ class PolicyWorker:
         ``master_addr`` / ``master_port`` override the rendezvous given at construction (rank 0 learns its own
         address only once it runs).
         """
-        from openrlhf_hacpo.engines.hf_generate import HFGenerateEngine, resolve_eos_token_ids
+        from openrlhf_hacpo.engines.hf_generate import GENERATE_BATCH_ROWS, HFGenerateEngine, resolve_eos_token_ids
         from openrlhf_hacpo.engines.placement import actor_device
 
         if master_addr is not None:
@@ -98,6 +97,8 @@ class PolicyWorker:
         self.scorer = RolloutScorer(self.cfg, self.agent_index, self.tokenizer, eos_token_ids)
         self.updater = UpdateLoop(self.cfg, agent, self.agent_index, self.rank, self.world_size, self.engine,
                                   self.client_optimizer, self.tokenizer, view_config(self.cfg), self.device)
+        if self.cfg.old_logp_from_update:
+            first_update.check_dropout_free(self.model, agent.name)
         self.io = PolicyIO(agent, self.engine, self.tokenizer, self.rank, self.world_size, self.device)
         if agent.lora_rank and self.cfg.algo.loss.uses_kl:
             # a LoRA agent's reference is its own model with the adapter off: no reference worker is launched
@@ -107,6 +108,17 @@ class PolicyWorker:
         return WorkerInfo(agent=agent.name, rank=self.rank,
                           num_parameters=sum(p.numel() for p in self.model.parameters()),
                           vocab_size=len(self.tokenizer), eos_token_ids=tuple(eos_token_ids), device=str(self.device))
+
+    def resources(self) -> WorkerResources:
+        """This rank's parameter counts (all and trainable, full sizes under ZeRO-3) and its process's peak and
+        present resident memory (:func:`~openrlhf_hacpo.utils.process_memory.process_memory`)."""
+        params = list(self.model.parameters())
+        numel = lambda p: int(getattr(p, "ds_numel", p.numel()))  # noqa: E731 - ZeRO-3 holds a local partition
+        memory = process_memory()
+        return WorkerResources(agent=self.agent.name, rank=self.rank, parameters=sum(map(numel, params)),
+                               trainable_parameters=sum(numel(p) for p in params if p.requires_grad),
+                               peak_rss_bytes=memory.peak_rss_bytes, rss_bytes=memory.rss_bytes,
+                               memory_source=memory.source)
 
     def set_reference(self, reference: Any) -> None:
         """Handle of this agent's reference worker (a Ray actor handle or a plain :class:`ReferenceWorker`); a LoRA
@@ -177,6 +189,18 @@ class PolicyWorker:
         self.wake()
         return self.updater.train_step(trajectories, step, ratios)
 
+    def train_own_rows_first(self, trajectories: Sequence[Trajectory], step: int,
+                             ratios: CapabilityRatios) -> dict[int, torch.Tensor]:
+        """Phase 1 of a step with ``old_logp_from_update``: this rank's own rows' old log-probs, by trajectory
+        position (see :func:`~openrlhf_hacpo.actors.first_update.own_rows_first`)."""
+        self.wake()
+        return first_update.own_rows_first(self.updater, trajectories, step, ratios)
+
+    def train_finish(self, old_means: Sequence[float]) -> RankTrainResult:
+        """Phase 2: every trajectory's old log-prob mean in, the step's updates out
+        (:func:`~openrlhf_hacpo.actors.first_update.finish_step`)."""
+        return first_update.finish_step(self.updater, old_means)
+
     # ------------------------------------------------------------------------------------------------ weights, state
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:
         """The full state dict by HF name, on CPU (see :meth:`PolicyIO.state_dict_for_sync`)."""
@@ -193,10 +217,11 @@ class PolicyWorker:
         """Write a ``from_pretrained``-loadable checkpoint (see :meth:`PolicyIO.save_hf`)."""
         return self.io.save_hf(path, dtype)
 
-    def save_checkpoint(self, path: str) -> None:
-        """Save weights, optimizer, scheduler, update counters and RNG states under ``path`` (all ranks call it)."""
-        self.io.save_checkpoint(path, {"updates_done": self.updater.updates_done,
-                                       "skipped_updates": self.updater.skipped_updates})
+    def save_checkpoint(self, path: str) -> dict[str, Any]:
+        """Save weights, optimizer, scheduler, update counters and RNG states under ``path`` (all ranks call it);
+        returns the files this rank wrote (see :meth:`PolicyIO.save_checkpoint`)."""
+        return self.io.save_checkpoint(path, {"updates_done": self.updater.updates_done,
+                                              "skipped_updates": self.updater.skipped_updates})
 
     def load_checkpoint(self, path: str) -> dict[str, int]:
         """Restore what :meth:`save_checkpoint` wrote; returns the update counters."""

@@ -224,11 +224,18 @@ class PolicyIO:
 
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, path: str, counters: dict[str, int]) -> None:
-        """Save weights, optimizer, scheduler, ``counters`` and RNG states under ``path`` (all ranks call it)."""
+    def save_checkpoint(self, path: str, counters: dict[str, int]) -> dict[str, Any]:
+        """Save weights, optimizer, scheduler, ``counters`` and RNG states under ``path`` (all ranks call it).
+
+        Returns the files this rank wrote with their sizes on its node
+        (:func:`~openrlhf_hacpo.actors.checkpoint_files.rank_manifest`), for the driver to verify."""
+        from openrlhf_hacpo.actors.checkpoint_files import deepspeed_rank_files, rank_manifest
+
+        rng_file = os.path.join(path, f"rng_rank{self.rank}.pt")
         with checkpoint_io(f"agent {self.agent.name!r}", path, "save"):
             self.engine.save_checkpoint(path, tag=CHECKPOINT_TAG, client_state=dict(counters), save_latest=False)
-            torch.save(capture_rng_state(), os.path.join(path, f"rng_rank{self.rank}.pt"))
+            torch.save(capture_rng_state(), rng_file)
+        return rank_manifest(self.rank, path, [*deepspeed_rank_files(self.engine, path, CHECKPOINT_TAG), rng_file])
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
         """Restore what :meth:`save_checkpoint` wrote (RNG states included); returns the saved counters."""

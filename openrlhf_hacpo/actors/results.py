@@ -13,7 +13,7 @@ from openrlhf_hacpo.rollout import Trajectory
 from openrlhf_hacpo.utils.timing import slowest
 from openrlhf_hacpo.utils.weighted import WeightedState, merge_weighted
 
-__all__ = ["RankTrainResult", "RolloutResult", "TrainStepResult", "WorkerInfo"]
+__all__ = ["RankTrainResult", "RolloutResult", "TrainStepResult", "WorkerInfo", "WorkerResources"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,21 @@ class WorkerInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     device: str
+
+
+@dataclass(frozen=True)
+class WorkerResources:
+    """What a policy rank holds, asked for on demand (benchmarks): its parameters (all, and those that train: the
+    adapter's with LoRA; under ZeRO-3 the full count, not the rank's partition) and its process's resident memory,
+    the peak since the process started and the present one (``None`` where the platform does not say)."""
+
+    agent: str
+    rank: int
+    parameters: int
+    trainable_parameters: int
+    peak_rss_bytes: int
+    rss_bytes: int | None
+    memory_source: str
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,10 @@ class RolloutScorer:
 
     def scoring_positions(self, rendered: RenderedPrompts, outputs: Sequence[GenerationOutput]) -> tuple[int, int]:
         """(token positions, real tokens) that :meth:`trajectories`' scoring pass computes: its micro-batches are
-        those of :func:`~openrlhf_hacpo.models.score_logprobs` (same rows, size and grouping)."""
+        those of :func:`~openrlhf_hacpo.models.score_logprobs` (same rows, size and grouping); (0, 0) when the
+        learner scores its own rows (``old_logp_from_update``)."""
+        if self.cfg.old_logp_from_update:
+            return 0, 0
         prompt_lengths = [len(rendered.ids[o.prompt_index]) for o in outputs]
         response_lengths = [len(o.response_token_ids) for o in outputs]
         groups = micro_batch_groups(prompt_lengths, response_lengths, self.cfg.micro_train_batch_size,
@@ -87,18 +90,15 @@ class RolloutScorer:
                      outputs: Sequence[GenerationOutput], step: int, device: Any,
                      timer: PhaseTimer) -> list[Trajectory]:
         """Score ``outputs`` (own responses to ``prompts``) with ``model`` in eval mode and return the trajectories;
-        the seconds this takes go to ``timer``'s ``scoring`` phase."""
+        the seconds this takes go to ``timer``'s ``scoring`` phase. With ``old_logp_from_update`` nothing is scored
+        here: the trajectories leave unscored and the agent's learner records their old log-probs at its first
+        update (:meth:`~openrlhf_hacpo.rollout.Trajectory.set_old_logps`)."""
         cfg = self.cfg
         with timer.phase("scoring"):
-            model.eval()
-            try:
-                logps = score_logprobs(model, [rendered.ids[o.prompt_index] for o in outputs],
-                                       [list(o.response_token_ids) for o in outputs],
-                                       int(self.tokenizer.pad_token_id), cfg.temperature, cfg.micro_train_batch_size,
-                                       device, path=cfg.logprob_path, backend=cfg.kernel_backend,
-                                       group_by_length=cfg.length_grouping)
-            finally:
-                model.train()
+            logps: list = [None] * len(outputs)
+            if not cfg.old_logp_from_update:
+                logps = self.score(model, [rendered.ids[o.prompt_index] for o in outputs],
+                                   [list(o.response_token_ids) for o in outputs], device)
             trajs = []
             for out, logp in zip(outputs, logps):
                 record = prompts[out.prompt_index]
@@ -110,3 +110,16 @@ class RolloutScorer:
                     metadata={"prompt_text": rendered.texts[out.prompt_index], "sample_index": out.sample_index},
                 ))
         return trajs
+
+    def score(self, model: Any, prompt_ids: Sequence[Sequence[int]], response_ids: Sequence[Sequence[int]],
+              device: Any) -> list[Any]:
+        """Per-token log-probs (float32 CPU tensors) of each response under ``model`` in eval mode, at the rollout
+        temperature, in micro-batches of the update's size."""
+        cfg = self.cfg
+        model.eval()
+        try:
+            return score_logprobs(model, prompt_ids, response_ids, int(self.tokenizer.pad_token_id), cfg.temperature,
+                                  cfg.micro_train_batch_size, device, path=cfg.logprob_path,
+                                  backend=cfg.kernel_backend, group_by_length=cfg.length_grouping)
+        finally:
+            model.train()

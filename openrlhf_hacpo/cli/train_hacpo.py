@@ -17,7 +17,9 @@ a validated :class:`~openrlhf_hacpo.config.TrainConfig`; :func:`run` trains and 
 
 :func:`main` (the console entry point) prints every error a person can act on (bad flags and files, a refused run
 folder, checkpoint and disk-space errors, a reward function that fails, a worker that dies or hangs) as one line and
-exits with status 2; ``--debug`` prints the traceback too. SIGINT and SIGTERM stop the workers and the Ray session
+exits with status 2 (the line is also appended to ``<save_path>/train.log`` once the run logs there; a worker that
+dies or hangs is named by agent, worker, node and phase with the command that resumes,
+:mod:`openrlhf_hacpo.trainer.failures`); ``--debug`` prints the traceback too. SIGINT and SIGTERM stop the workers and the Ray session
 before the process exits (status 130 / 143).
 """
 from __future__ import annotations
@@ -238,18 +240,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             from openrlhf_hacpo.trainer.controller import HACPOController
 
             controller = HACPOController(cfg)
+            controller.argv = argv
             _fit(controller)
     except RunInterrupted as err:
         where = (f"; the last joint checkpoint is {controller.last_checkpoint} (continue with --resume)"
                  if controller is not None and controller.last_checkpoint is not None else "")
-        print(f"train_hacpo: {err}, workers stopped{where}", file=sys.stderr)
+        _report(controller, f"train_hacpo: {err}, workers stopped{where}")
         return 128 + err.signum
     except _known_errors() as err:
         if debug:
             traceback.print_exc()
-        print(f"train_hacpo: error: {_one_line(err)}", file=sys.stderr)
+        _report(controller, f"train_hacpo: error: {_one_line(err)}")
         return 2
     return 0
+
+
+def _report(controller, line: str) -> None:
+    """Print the run's final error on stderr and append it to ``<save_path>/train.log`` when the run logged there
+    (one ``write`` of one line in append mode, so lines of other writers are never interleaved with it)."""
+    print(line, file=sys.stderr)
+    log = getattr(controller, "run_log", None)
+    if log is None:
+        return
+    import time
+
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    try:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"{stamp} ERROR openrlhf_hacpo.cli.train_hacpo: {line}\n")
+    except OSError as err:
+        print(f"train_hacpo: could not append the error to {log}: {err}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Rollout backends behind one interface (`RolloutEngine`): transformers `generate` and vLLM engine actors.
+"""Rollout backends behind one interface (`RolloutEngine`): transformers `generate` (in the policy, or in an `HFEngine`
+actor beside it) and vLLM engine actors.
 
 The vLLM names are imported on first use, so `import openrlhf_hacpo.engines` needs neither vLLM nor Ray.
 """
@@ -12,6 +13,8 @@ from openrlhf_hacpo.engines.base import (
 from openrlhf_hacpo.engines.hf_generate import HFGenerateEngine, resolve_eos_token_ids
 
 _LAZY = {
+    "HFEngine": "openrlhf_hacpo.engines.hf_engine",
+    "create_hf_engine": "openrlhf_hacpo.engines.hf_engine",
     "VLLMEngine": "openrlhf_hacpo.engines.vllm_engine",
     "VLLMEngineActor": "openrlhf_hacpo.engines.vllm_engine",
     "create_vllm_engines": "openrlhf_hacpo.engines.vllm_engine",

@@ -21,6 +21,11 @@ from openrlhf_hacpo.engines.base import (
     validate_prompts,
 )
 
+GENERATE_BATCH_ROWS = 64
+"""Rows (prompt x sample) per ``generate`` call of the trainer's engines (the policy's in the ``hf`` backend, an
+``HFEngine``'s in ``hf_engine``): the tokens of a seeded call depend on how its rows are cut into batches, so both
+cut them alike, whatever the training batch sizes."""
+
 # Sampling knobs a checkpoint's generation_config.json may set. transformers fills every field we leave as None from
 # the model's generation config, so each one is pinned to its neutral value: the sampling is exactly what the
 # SamplingConfig says, for any checkpoint.

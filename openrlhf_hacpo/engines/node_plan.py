@@ -1,19 +1,20 @@
-"""Which node each agent's GPU bundles go to: a pure, deterministic planner over the cluster's nodes.
+"""Which node each agent's bundles go to: a pure, deterministic planner over the cluster's nodes.
 
-One agent occupies GPU bundles of two kinds: its policy bundles (``dp_size`` DeepSpeed ranks; the reference and,
-with ``--colocate_all_models``, the engines take a share of them, so a colocated agent has max(dp, engines × TP)
-policy bundles) and, when the engines are dedicated, ``engines × TP`` engine bundles. The planner gives every bundle
-a node:
+One agent occupies bundles of two kinds: its policy bundles (``dp_size`` DeepSpeed ranks; the reference and, with
+``--colocate_all_models`` on GPUs, the engines take a share of them, so a colocated agent has max(dp, engines × TP)
+policy bundles) and, when the engines are dedicated, ``engines × TP`` engine bundles. A bundle is one GPU (with one
+CPU) on a GPU cluster and :data:`CPU_BUNDLE_CPUS` CPU(s) on a CPU-only one (``kind`` "GPU" or "CPU": a node's
+capacity is its GPUs or its whole CPUs). The planner gives every bundle a node:
 
 * an agent whose bundles all fit on one node gets one node (weight sync to its engines then stays inside the node);
 * otherwise its DeepSpeed group stays on one node and each engine's TP shards stay on one node (engines go to the
-  policy's node first, then to the node with most free GPUs); with ``allow_straddle`` an agent that cannot be placed
-  so fills the nodes with most free GPUs first, bundle by bundle;
+  policy's node first, then to the node with most free units); with ``allow_straddle`` an agent that cannot be
+  placed so fills the nodes with most free units first, bundle by bundle;
 * agents pinned to a node (:attr:`AgentDemand.node`) are placed first, in agent order, then the others, largest
-  first (ties in agent order); each goes to the node with the most free GPUs, ties broken by address then node id,
+  first (ties in agent order); each goes to the node with the most free units, ties broken by address then node id,
   so the same cluster and agents always give the same plan;
-* a layout that cannot be placed raises :class:`PlacementError` naming the agent, what it needs and the free GPUs of
-  every node after the agents placed before it.
+* a layout that cannot be placed raises :class:`PlacementError` naming the agent, what it needs and the free GPUs
+  (CPUs) of every node after the agents placed before it.
 
 A pin names a node by address (``10.0.0.2``), node id, a custom resource present on exactly that node (``nodeA``,
 or Ray's own ``node:10.0.0.2``), or a label ``key=value`` of exactly that node.
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["PLACEMENT_FILE", "AgentDemand", "AgentPlacement", "ClusterNode", "PlacementError", "agent_demands", "cross_node_sync_bytes",
+__all__ = ["CPU_BUNDLE_CPUS", "PLACEMENT_FILE", "AgentDemand", "AgentPlacement", "ClusterNode", "PlacementError", "agent_demands", "cross_node_sync_bytes",
            "nodes_from_ray", "plan_nodes", "resolve_pin"]
 
 
@@ -32,8 +33,14 @@ PLACEMENT_FILE = "placement.json"
 and id, GPU ids); the tiny main job copies it into ``summary.json`` as ``placement``."""
 
 
+CPU_BUNDLE_CPUS = 1
+"""CPUs of one bundle on a CPU-only cluster: one DeepSpeed rank, one engine shard (the reference shares bundle 0)."""
+
+BUNDLE_KINDS = ("GPU", "CPU")
+
+
 class PlacementError(ValueError):
-    """The agents' GPU bundles cannot be placed on the cluster's nodes (or a pin names no single node)."""
+    """The agents' bundles cannot be placed on the cluster's nodes (or a pin names no single node)."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +58,14 @@ class ClusterNode:
     def label(self) -> str:
         return f"{self.address} ({self.node_id[:8]})"
 
+    def capacity(self, kind: str = "GPU") -> int:
+        """Bundles of ``kind`` the node holds: its GPUs, or its whole CPUs over :data:`CPU_BUNDLE_CPUS`."""
+        return int(self.gpus) if kind == "GPU" else int(self.cpus // CPU_BUNDLE_CPUS)
+
 
 @dataclass(frozen=True)
 class AgentDemand:
-    """One agent's GPU needs: ``dp`` policy ranks, ``engines`` vLLM engines of ``tp`` GPUs, colocated (engines and
+    """One agent's bundles: ``dp`` policy ranks, ``engines`` vLLM engines of ``tp`` GPUs, colocated (engines and
     reference share the policy's GPUs) or not; ``reference`` when a reference model runs on policy bundle 0;
     ``node`` pins the agent to a node."""
 
@@ -76,6 +87,7 @@ class AgentDemand:
 
     @property
     def gpus(self) -> int:
+        """All the agent's bundles (GPUs on a GPU cluster, CPU bundles on a CPU-only one)."""
         return self.policy_bundles + self.engine_bundles
 
 
@@ -99,16 +111,18 @@ class AgentPlacement:
         return self.engines[index * self.tp:(index + 1) * self.tp]
 
 
-def agent_demands(cfg) -> list[AgentDemand]:
+def agent_demands(cfg, on_gpu: bool = True) -> list[AgentDemand]:
     """Every agent's :class:`AgentDemand` under a :class:`~openrlhf_hacpo.config.TrainConfig`: engines only with the
-    ``vllm`` backend, colocated under ``--colocate_all_models``; a reference when the loss has a KL term and the agent
-    trains no LoRA adapter (whose base model serves as the reference)."""
+    ``vllm`` backend, colocated under ``--colocate_all_models`` on GPUs (CPU engines always have their own
+    bundles); a reference when the loss has a KL term and the agent trains no LoRA adapter (whose base model serves as
+    the reference)."""
     vllm = cfg.rollout_backend == "vllm"
     out = []
     for agent in cfg.resolved_agents():
         lora = (agent.lora_rank or 0) > 0
         out.append(AgentDemand(agent=agent.name, dp=agent.dp_size, engines=agent.vllm_num_engines if vllm else 0,
-                               tp=agent.vllm_tensor_parallel_size, colocated=cfg.colocate_all_models and vllm,
+                               tp=agent.vllm_tensor_parallel_size,
+                               colocated=cfg.colocate_all_models and vllm and on_gpu,
                                reference=cfg.algo.loss.uses_kl and not lora, node=agent.node))
     return out
 
@@ -128,12 +142,15 @@ def resolve_pin(pin: str, nodes: Sequence[ClusterNode], agent: str) -> ClusterNo
                          f"node (ray start --resources '{{\"nodeA\": 1}}') or by node id")
 
 
-def plan_nodes(nodes: Sequence[ClusterNode], demands: Sequence[AgentDemand],
-               allow_straddle: bool = False) -> list[AgentPlacement]:
-    """A node for every bundle of every agent (the rules are the module's); returned in the order of ``demands``."""
+def plan_nodes(nodes: Sequence[ClusterNode], demands: Sequence[AgentDemand], allow_straddle: bool = False,
+               kind: str = "GPU") -> list[AgentPlacement]:
+    """A node for every bundle of every agent (the rules are the module's), bundles of ``kind`` ("GPU" or "CPU");
+    returned in the order of ``demands``."""
+    if kind not in BUNDLE_KINDS:
+        raise ValueError(f"bundle kind must be one of {BUNDLE_KINDS}, got {kind!r}")
     if not nodes:
         raise PlacementError("the cluster has no nodes to place the agents on")
-    free = {n.node_id: int(n.gpus) for n in nodes}
+    free = {n.node_id: n.capacity(kind) for n in nodes}
     pins = {d.agent: resolve_pin(d.node, nodes, d.agent) for d in demands if d.node}
     order = sorted(range(len(demands)), key=lambda i: (demands[i].agent not in pins,
                                                        0 if demands[i].agent in pins else -demands[i].gpus, i))
@@ -144,7 +161,7 @@ def plan_nodes(nodes: Sequence[ClusterNode], demands: Sequence[AgentDemand],
         placement = (_on_one_node(demand, candidates, free) or _split(demand, candidates, free)
                      or (_straddle(demand, candidates, free) if allow_straddle else None))
         if placement is None:
-            raise PlacementError(_refusal(demand, nodes, free, demand.agent in pins, allow_straddle))
+            raise PlacementError(_refusal(demand, nodes, free, demand.agent in pins, allow_straddle, kind))
         for node_id in placement.policy + placement.engines:
             free[node_id] -= 1
         placed[i] = placement
@@ -152,7 +169,7 @@ def plan_nodes(nodes: Sequence[ClusterNode], demands: Sequence[AgentDemand],
 
 
 def _ranked(candidates: Iterable[ClusterNode], free: Mapping[str, int], need: int) -> list[ClusterNode]:
-    """Candidates with at least ``need`` free GPUs, most free first, ties by address then node id."""
+    """Candidates with at least ``need`` free units, most free first, ties by address then node id."""
     fit = [n for n in candidates if free[n.node_id] >= need]
     return sorted(fit, key=lambda n: (-free[n.node_id], n.address, n.node_id))
 
@@ -190,7 +207,7 @@ def _split(demand: AgentDemand, candidates: Sequence[ClusterNode],
 
 def _straddle(demand: AgentDemand, candidates: Sequence[ClusterNode],
               free: Mapping[str, int]) -> AgentPlacement | None:
-    """Bundle by bundle (policy first), each on the node with most free GPUs left at the start, filled in turn."""
+    """Bundle by bundle (policy first), each on the node with most free units left at the start, filled in turn."""
     ranked = _ranked(candidates, free, 1)
     slots = [n.node_id for n in ranked for _ in range(free[n.node_id])]
     if len(slots) < demand.gpus:
@@ -201,18 +218,24 @@ def _straddle(demand: AgentDemand, candidates: Sequence[ClusterNode],
 
 
 def _refusal(demand: AgentDemand, nodes: Sequence[ClusterNode], free: Mapping[str, int], pinned: bool,
-             allow_straddle: bool) -> str:
-    needs = [f"{demand.policy_bundles} GPU bundle(s) on one node for its policy"
+             allow_straddle: bool, kind: str = "GPU") -> str:
+    unit = "GPU" if kind == "GPU" else "CPU"
+    needs = [f"{demand.policy_bundles} {unit} bundle(s) on one node for its policy"
              + (" (DeepSpeed group, reference and colocated engines)" if demand.colocated else
                 f" ({demand.dp} DeepSpeed rank(s))")]
     if demand.engine_bundles:
-        needs.append(f"{demand.engines} engine(s) of {demand.tp} GPU(s) each on one node")
+        needs.append(f"{demand.engines} engine(s) of {demand.tp} {unit}(s) each on one node")
     where = "on its pinned node" if pinned else "on any node"
-    has = "; ".join(f"{n.label}: {free[n.node_id]} of {n.gpus} GPUs free" for n in nodes)
+    size = CPU_BUNDLE_CPUS if kind == "CPU" else 1
+    has = "; ".join(f"{n.label}: {free[n.node_id] * size:g} of {n.capacity(kind) * size:g} {unit}s free"
+                    for n in nodes)
     hint = ("lower dp_size / vllm_num_engines / vllm_tensor_parallel_size, pin the agents to other nodes, or add "
             "nodes" + ("" if allow_straddle or pinned else "; --allow_straddle lets a group span nodes"))
-    return (f"agent {demand.agent!r} cannot be placed {where}: it needs {' and '.join(needs)} ({demand.gpus} GPUs in "
-            f"all); free GPUs per node after the agents placed before it: {has}. Fix: {hint}")
+    if kind == "CPU":
+        hint += " (a CPU node offers the CPUs its raylet was started with: ray start --num-cpus)"
+    return (f"agent {demand.agent!r} cannot be placed {where}: it needs {' and '.join(needs)} "
+            f"({demand.gpus * size} {unit}s in all); free {unit}s per node after the agents placed before it: {has}. "
+            f"Fix: {hint}")
 
 
 def cross_node_sync_bytes(placement: AgentPlacement, num_parameters: int, bytes_per_parameter: int = 2) -> int:

@@ -10,8 +10,9 @@ Pure functions of counts, so the arithmetic is tested without Ray or GPUs:
   OpenRLHF's `get_bundle_indices` does.
 * `spread_cpu_cores`: disjoint core ranges for CPU engines (`VLLM_CPU_OMP_THREADS_BIND`), so engines of several
   agents on one host do not all pin themselves to core 0.
-* `gpu_bundle_group`: an agent's GPU bundles as a placement group, each pinned to the node a
-  :mod:`~openrlhf_hacpo.engines.node_plan` plan gives it; `actor_locations`: where actors landed (node, GPU ids).
+* `bundle_group`: an agent's GPU bundles (or, on a CPU-only cluster, CPU bundles) as a placement group, each pinned
+  to the node a :mod:`~openrlhf_hacpo.engines.node_plan` plan gives it; `actor_locations`: where actors landed
+  (node, GPU ids).
 * `ray_noset_visible_devices`: Ray leaves `CUDA_VISIBLE_DEVICES` alone when `RAY_EXPERIMENTAL_NOSET_*` is set;
   a process then selects its GPU itself from `ray.get_gpu_ids()`.
 """
@@ -94,13 +95,19 @@ def node_sorted_bundles(placement_group) -> list[int]:
     return [bundle for bundles in by_node.values() for bundle in bundles]
 
 
-def gpu_bundle_group(count: int, node_ids: Sequence[str] | None = None):
-    """A placement group of ``count`` bundles ``{GPU: 1, CPU: 1}``: PACK as Ray likes (``node_ids`` None, one node
-    clusters), or bundle i pinned to node ``node_ids[i]`` by its ``ray.io/node-id`` label (STRICT_PACK when every
+def bundle_group(count: int, node_ids: Sequence[str] | None = None, kind: str = "GPU"):
+    """A placement group of ``count`` bundles, ``{GPU: 1, CPU: 1}`` (``kind`` "GPU") or ``{CPU:``
+    :data:`~openrlhf_hacpo.engines.node_plan.CPU_BUNDLE_CPUS` ``}`` ("CPU"): PACK as Ray likes (``node_ids`` None, one
+    node clusters), or bundle i pinned to node ``node_ids[i]`` by its ``ray.io/node-id`` label (STRICT_PACK when every
     bundle is on one node)."""
     from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group
 
-    bundles = [{"GPU": 1, "CPU": 1} for _ in range(count)]
+    from openrlhf_hacpo.engines.node_plan import CPU_BUNDLE_CPUS
+
+    if kind not in ("GPU", "CPU"):
+        raise ValueError(f"bundle kind must be 'GPU' or 'CPU', got {kind!r}")
+    bundle = {"GPU": 1, "CPU": 1} if kind == "GPU" else {"CPU": CPU_BUNDLE_CPUS}
+    bundles = [dict(bundle) for _ in range(count)]
     if node_ids is None:
         return placement_group(bundles, strategy="PACK")
     if len(node_ids) != count:
@@ -177,9 +184,9 @@ def actor_device(requested: str = "auto"):
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def wait_placement_group(placement_group, timeout_s: float, what: str) -> None:
+def wait_placement_group(placement_group, timeout_s: float, what: str, kind: str = "GPU") -> None:
     """Wait until Ray has placed `placement_group`; after `timeout_s` remove it and raise `TimeoutError` naming
-    `what` (e.g. "agent 'qwen': 4 policy GPUs"), with the cluster's total and free GPUs."""
+    `what` (e.g. "agent 'qwen': 4 policy GPUs"), with the cluster's total and free GPUs (CPUs for ``kind`` "CPU")."""
     import ray
     from ray.util.placement_group import remove_placement_group
 
@@ -187,7 +194,7 @@ def wait_placement_group(placement_group, timeout_s: float, what: str) -> None:
     if ready:
         return
     remove_placement_group(placement_group)
-    total = ray.cluster_resources().get("GPU", 0)
-    free = ray.available_resources().get("GPU", 0)
+    total = ray.cluster_resources().get(kind, 0)
+    free = ray.available_resources().get(kind, 0)
     raise TimeoutError(f"{what}: Ray could not place the placement group within {timeout_s:.0f} s (the cluster "
-                       f"has {total:g} GPUs, {free:g} free); lower the agents' GPU counts or add nodes")
+                       f"has {total:g} {kind}s, {free:g} free); lower the agents' {kind} counts or add nodes")

@@ -318,7 +318,8 @@ def create_vllm_engines(
     and workers take the bundles `plan_engine_placements` gives it (whole GPUs when dedicated, a share when
     colocated; with TP > 1 vLLM's Ray workers are told their bundles and shares). A group that cannot be placed
     raises `TimeoutError` after `placement_timeout_s`. CPU: each actor asks for `num_cpus_per_engine` (may be
-    fractional) and no GPU; `cpu_omp_threads_binds[i]` binds engine i's threads (see `spread_cpu_cores`).
+    fractional) and no GPU, on bundle `i * tensor_parallel_size` of `engine_placement_group` when one is given (CPU
+    bundles pinned to nodes); `cpu_omp_threads_binds[i]` binds engine i's threads (see `spread_cpu_cores`).
     `use_gpu` defaults to "the Ray cluster has GPUs".
     """
     from ray.util.placement_group import placement_group
@@ -366,6 +367,10 @@ def create_vllm_engines(
             kwargs["placement_env"] = placement.vllm_env()
         else:
             options.update(num_cpus=num_cpus_per_engine, num_gpus=0)
+            if engine_placement_group is not None:  # CPU engines pinned to nodes: engine i on its first shard's bundle
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                    placement_group=engine_placement_group,
+                    placement_group_bundle_index=index * tensor_parallel_size)
             if cpu_omp_threads_binds is not None:
                 kwargs["cpu_omp_threads_bind"] = cpu_omp_threads_binds[index]
         engines.append(

@@ -133,7 +133,9 @@ class Trajectory:
             temperature (the scorer's recompute, :mod:`openrlhf_hacpo.actors.scoring`),
             aligned with ``source_token_ids``: a 1-D float32 CPU tensor (a list of floats given to the constructor,
             e.g. by :meth:`from_dict`, is converted); empty when per-token values are not kept.
-        source_logp_sum: sum of the old log-probs over the action tokens (after the EOS policy).
+        source_logp_sum: sum of the old log-probs over the action tokens (after the EOS policy); None until the
+            source's learner has scored them (``old_logp_from_update``: its first update's forward, see
+            :meth:`set_old_logps`).
         source_num_tokens: number of action tokens L_j (after the EOS policy), >= 1.
         finished: True when the response ended with the source's EOS (the last id of ``source_token_ids``).
         eos_policy: the EOS policy the action tokens were defined with (``"drop"`` | ``"keep"`` | ``"text"``).
@@ -155,7 +157,7 @@ class Trajectory:
     source: int
     source_token_ids: list[int]
     source_logp: torch.Tensor
-    source_logp_sum: float
+    source_logp_sum: float | None
     source_num_tokens: int
     finished: bool
     eos_policy: str = "drop"
@@ -196,6 +198,17 @@ class Trajectory:
                 f"{where}.source_num_tokens={self.source_num_tokens} but the response has {n_actions} action tokens "
                 f"under eos_policy={self.eos_policy!r} (finished={self.finished})"
             )
+        if self.source_logp_sum is None:
+            if len(self.source_logp):
+                raise ValueError(f"{where}: per-token log-probs without their sum (source_logp_sum is None)")
+        else:
+            self._check_sum(where)
+        if self.reward is not None:
+            self.reward = _finite_reward(self.reward, where)
+        if not isinstance(self.metadata, dict):
+            raise ValueError(f"{where}.metadata must be a dict")
+
+    def _check_sum(self, where: str) -> None:
         self.source_logp_sum = float(self.source_logp_sum)
         if not math.isfinite(self.source_logp_sum):
             raise ValueError(f"{where}.source_logp_sum must be finite, got {self.source_logp_sum}")
@@ -206,10 +219,18 @@ class Trajectory:
                     f"{where}.source_logp_sum={self.source_logp_sum} does not match the sum of the action "
                     f"log-probs ({expected})"
                 )
-        if self.reward is not None:
-            self.reward = _finite_reward(self.reward, where)
-        if not isinstance(self.metadata, dict):
-            raise ValueError(f"{where}.metadata must be a dict")
+
+    def set_old_logps(self, action_logps: Sequence[float] | torch.Tensor) -> None:
+        """Record the source's old log-probs of the action tokens (:meth:`action_token_ids`), computed by its
+        learner (``old_logp_from_update``): ``source_logp_sum`` becomes their sum; the per-token values stay with
+        that learner (``source_logp`` is left empty)."""
+        values = action_logps.tolist() if isinstance(action_logps, torch.Tensor) else [float(x) for x in action_logps]
+        where = f"Trajectory({self.prompt_id!r}, source={self.source})"
+        if len(values) != self.source_num_tokens:
+            raise ValueError(f"{where}: {len(values)} old log-probs for {self.source_num_tokens} action tokens")
+        self.source_logp = torch.empty(0, dtype=torch.float32)
+        self.source_logp_sum = math.fsum(values)
+        self._check_sum(where)
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -238,6 +259,8 @@ class Trajectory:
     @property
     def old_logp_mean(self) -> float:
         """``source_logp_sum / source_num_tokens``: the source side of eq. 11, normalised by L_j."""
+        if self.source_logp_sum is None:
+            raise ValueError(f"Trajectory({self.prompt_id!r}, source={self.source}) has no old log-probs yet")
         return self.source_logp_sum / self.source_num_tokens
 
     @property
@@ -294,7 +317,7 @@ def make_trajectory(
     source: int,
     step: int,
     token_ids: Sequence[int],
-    token_logps: torch.Tensor | Sequence[float],
+    token_logps: torch.Tensor | Sequence[float] | None,
     eos_token_id: int | Sequence[int] | None,
     eos_policy: str = "drop",
     response_text: str | None = None,
@@ -306,7 +329,7 @@ def make_trajectory(
     """Build a trajectory from a raw generation and the source policy's per-token old log-probs.
 
     ``token_logps`` is the scorer's float32 tensor (kept as the trajectory's ``source_logp``, values unchanged) or a
-    sequence of floats (stored as float32). ``finished`` is True when the last generated id is an EOS id. The action
+    sequence of floats (stored as float32); None leaves the trajectory unscored (``source_logp_sum`` None). ``finished`` is True when the last generated id is an EOS id. The action
     tokens follow ``eos_policy`` (:func:`apply_eos_policy`); ``source_logp_sum`` / ``source_num_tokens`` cover exactly
     those tokens (the sum is taken over the values as given).
     ``response_text`` defaults to ``tokenizer.decode(ids without the terminal EOS, skip_special_tokens=True)``.
@@ -314,6 +337,9 @@ def make_trajectory(
     skip_special_tokens=False)``, the main-branch code's decoding of a response for the other agents.
     """
     ids = [int(i) for i in token_ids]
+    scored = token_logps is not None
+    if not scored:  # the source's learner records them later (Trajectory.set_old_logps)
+        token_logps, keep_token_logps = [0.0] * len(ids), False
     logps = token_logps.tolist() if isinstance(token_logps, torch.Tensor) else [float(x) for x in token_logps]
     if not ids:
         raise ValueError(f"make_trajectory({prompt_id!r}, source={source}): empty generation")
@@ -339,7 +365,7 @@ def make_trajectory(
         source=source,
         source_token_ids=ids,
         source_logp=token_logps if keep_token_logps else [],  # Trajectory stores either form as float32
-        source_logp_sum=math.fsum(action_logps or []),
+        source_logp_sum=math.fsum(action_logps or []) if scored else None,
         source_num_tokens=len(action_ids),
         finished=finished,
         eos_policy=eos_policy,

@@ -10,7 +10,8 @@ For learner k and a trajectory from source j:
   re-tokenize the response *text* with the learner's tokenizer: ``tokenizer(text, add_special_tokens=False)``.
 
 Both carry the source-normalised old log-prob ``old_logp_mean = source_logp_sum / source_num_tokens``, the
-denominator of the cross-agent ratio (eq. 11 with each side normalised by its own token count).
+denominator of the cross-agent ratio (eq. 11 with each side normalised by its own token count); NaN for a trajectory
+not scored yet (``old_logp_from_update``: the learner fills it in before the values are used).
 
 EOS (the paper is silent; the official codes differ): with ``eos_policy="drop"`` no row contains a terminal EOS
 action (an EOS-only response stays a single EOS action); with ``"keep"`` own rows keep the generated EOS and foreign
@@ -28,9 +29,13 @@ prompt ids it generated from.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+import torch
 
 from openrlhf_hacpo.rollout.trajectory import EOS_POLICIES, Prompt, Trajectory
 from openrlhf_hacpo.algorithms.losses import PolicyLossInput
@@ -225,7 +230,7 @@ def build_learner_batch(
                 is_own=is_own,
                 source=traj.source,
                 reward=float(traj.reward),
-                old_logp_mean=traj.old_logp_mean,
+                old_logp_mean=traj.old_logp_mean if traj.source_logp_sum is not None else math.nan,
                 old_logp=old_logp,
                 prompt_truncated=p_trunc,
                 response_truncated=r_trunc,
@@ -259,6 +264,7 @@ class LearnerBatch:
     advantages: Any = None
     coef: Any = None
     row_index: Any = None
+    row_ids: list[int] | None = None  # ``row_index`` as host ints (read without a tensor read)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -266,8 +272,6 @@ class LearnerBatch:
     # -------------------------------------------------------------------------------------------- row tensors
     def attach(self, advantages: Any, coef: Any) -> None:
         """Attach the advantages and coefficients (1-D tensors, one value per row) and number the rows."""
-        import torch
-
         for name, values in (("advantages", advantages), ("coef", coef)):
             if not isinstance(values, torch.Tensor) or values.dim() != 1 or len(values) != len(self.rows):
                 got = list(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
@@ -276,6 +280,7 @@ class LearnerBatch:
         self.advantages = advantages.detach().cpu().to(torch.float64)
         self.coef = coef.detach().cpu().to(torch.float64)
         self.row_index = torch.arange(len(self.rows))
+        self.row_ids = list(range(len(self.rows)))
 
     def _require_attached(self) -> None:
         if self.advantages is None:
@@ -315,8 +320,6 @@ class LearnerBatch:
 
     # -------------------------------------------------------------------------------------------- splitting
     def select(self, indices: Sequence[int]) -> "LearnerBatch":
-        import torch
-
         idx = list(indices)
         index = torch.tensor(idx, dtype=torch.long)
 
@@ -324,7 +327,8 @@ class LearnerBatch:
             return None if x is None else x[index]
 
         return LearnerBatch(learner=self.learner, rows=[self.rows[i] for i in idx], advantages=take(self.advantages),
-                            coef=take(self.coef), row_index=take(self.row_index))
+                            coef=take(self.coef), row_index=take(self.row_index),
+                            row_ids=None if self.row_ids is None else [self.row_ids[i] for i in idx])
 
     def split_minibatches(
         self, num: int, order: str = "own_first", seed: int = 0, dp_chunks: int = 1
@@ -394,8 +398,6 @@ class LearnerBatch:
     def _loss_columns(self, width: int) -> dict[str, Any]:
         """The loss's per-row columns, as a :class:`MicroBatch` holds them: ``advantages``, ``coef``,
         ``old_logp_mean`` [N] float32, ``is_own`` [N] bool, ``old_logp`` [N, width] float32 (0 past a row's values)."""
-        import torch
-
         return dict(
             advantages=self.advantages.to(torch.float32),
             coef=self.coef.to(torch.float32),
@@ -409,12 +411,22 @@ class LearnerBatch:
             raise ValueError(f"LearnerBatch.{where}: the batch is empty")
         self._require_attached()
 
-    def packed(self, pad_id: int, device: Any = None) -> "MicroBatch":
-        """The rows as one :class:`MicroBatch` for a forward and the loss (on ``device``)."""
+    def packed(self, pad_id: int, device: Any = None, ref_logp: Any = None) -> "MicroBatch":
+        """The rows as one :class:`MicroBatch` for a forward and the loss (on ``device``). ``ref_logp`` maps a row
+        index to its reference log-probs (own rows, the KL term); the micro-batch then carries them as [B, R]
+        (0 on other rows and on padding)."""
         self._require_rows("packed")
         packed = pack_rows([r.prompt_ids for r in self.rows], [r.response_ids for r in self.rows], pad_id)
-        micro = MicroBatch(packed=packed, row_index=self.row_index.clone(),
-                           **self._loss_columns(packed.response_ids.shape[1]))
+        width = packed.response_ids.shape[1]
+        ids = self.row_ids if self.row_ids is not None else self.row_index.tolist()
+        ref = None
+        if ref_logp is not None:
+            ref = pad_values([ref_logp.get(i) if r.is_own else None for i, r in zip(ids, self.rows)], width)
+        micro = MicroBatch(packed=packed, row_index=self.row_index.clone(), ref_logp=ref, rows=tuple(ids),
+                           own=tuple(r.is_own for r in self.rows),
+                           prompt_lengths=tuple(len(r.prompt_ids) for r in self.rows),
+                           response_lengths=tuple(len(r.response_ids) for r in self.rows),
+                           **self._loss_columns(width))
         return micro if device is None else micro.to(device)
 
     def whole_loss_input(self) -> PolicyLossInput:
@@ -422,8 +434,6 @@ class LearnerBatch:
         packing the token ids: zero log-probs [N, R] (R = the longest response), the response mask (1 on each row's
         response tokens), the per-row columns and the per-token old log-probs, the same values :meth:`packed` gives
         the loss. What :func:`~openrlhf_hacpo.algorithms.losses.check_policy_input` checks once per learner batch."""
-        import torch
-
         self._require_rows("whole_loss_input")
         lengths = torch.tensor([len(r.response_ids) for r in self.rows], dtype=torch.long)
         width = int(lengths.max())
@@ -439,7 +449,11 @@ class MicroBatch:
     * ``packed``: :class:`~openrlhf_hacpo.utils.padding.PackedRows`, the model inputs, ``[B, P+R]``;
     * ``advantages`` [B], ``coef`` [B], ``old_logp_mean`` [B] float32; ``is_own`` [B] bool; ``row_index`` [B] long;
     * ``old_logp`` [B, R] float32: own rows' per-token old log-probs on the learner's tokens, 0 on foreign rows and
-      padding.
+      padding;
+    * ``ref_logp`` [B, R] float32 or None: reference log-probs of own rows (the KL term), 0 elsewhere;
+    * on the host, so the update reads no tensor for them: ``rows`` (the row indices), ``own`` (the ``is_own``
+      flags), ``prompt_lengths`` and ``response_lengths`` (hence :attr:`num_tokens`, :attr:`positions`,
+      :attr:`real_positions`).
     """
 
     packed: PackedRows
@@ -449,6 +463,11 @@ class MicroBatch:
     old_logp: Any
     is_own: Any
     row_index: Any
+    ref_logp: Any = None
+    rows: tuple[int, ...] = ()
+    own: tuple[bool, ...] = ()
+    prompt_lengths: tuple[int, ...] = ()
+    response_lengths: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return int(self.is_own.shape[0])
@@ -458,11 +477,36 @@ class MicroBatch:
         """[B, R] float32, 1 on the response tokens the loss counts."""
         return self.packed.response_mask
 
+    @property
+    def num_tokens(self) -> int:
+        """Response tokens of these rows (the loss's tokens)."""
+        return sum(self.response_lengths)
+
+    @property
+    def positions(self) -> int:
+        """Token positions a forward of the pack computes, B·(P+R)."""
+        return int(self.packed.input_ids.shape[0] * self.packed.input_ids.shape[1])
+
+    @property
+    def real_positions(self) -> int:
+        """The real (prompt and response) tokens among :attr:`positions`."""
+        return sum(self.prompt_lengths) + sum(self.response_lengths)
+
     def to(self, device: Any) -> "MicroBatch":
-        return MicroBatch(packed=self.packed.to(device), advantages=self.advantages.to(device),
-                          coef=self.coef.to(device), old_logp_mean=self.old_logp_mean.to(device),
-                          old_logp=self.old_logp.to(device), is_own=self.is_own.to(device),
-                          row_index=self.row_index.to(device))
+        tensors = {name: getattr(self, name) for name in _MICRO_TENSORS}
+        return dataclasses.replace(self, packed=self.packed.to(device),
+                                   **{k: None if v is None else v.to(device) for k, v in tensors.items()})
+
+    def select(self, indices: Sequence[int]) -> "MicroBatch":
+        """These rows restricted to ``indices`` (positions in this micro-batch): model inputs, loss columns and host
+        fields sliced alike (the pack keeps its width)."""
+        idx = list(indices)
+        index = torch.tensor(idx, dtype=torch.long, device=self.is_own.device)
+        packed = PackedRows(**{f.name: getattr(self.packed, f.name)[index] for f in dataclasses.fields(self.packed)})
+        tensors = {name: getattr(self, name) for name in _MICRO_TENSORS}
+        return dataclasses.replace(self, packed=packed, **{k: None if v is None else v[index]
+                                                          for k, v in tensors.items()},
+                                   **{name: tuple(getattr(self, name)[i] for i in idx) for name in _MICRO_HOST})
 
     def loss_input(self, logp: Any, update_index: int, totals: Any = None, *, ref_logp: Any = None,
                    token_level: bool = False) -> PolicyLossInput:
@@ -471,3 +515,7 @@ class MicroBatch:
                                old_logp_mean=self.old_logp_mean, is_own=self.is_own, coef=self.coef,
                                update_index=update_index, old_logp=self.old_logp if token_level else None,
                                ref_logp=ref_logp, totals=totals)
+
+
+_MICRO_TENSORS = ("advantages", "coef", "old_logp_mean", "old_logp", "is_own", "row_index", "ref_logp")
+_MICRO_HOST = ("rows", "own", "prompt_lengths", "response_lengths")

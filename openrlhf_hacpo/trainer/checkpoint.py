@@ -9,8 +9,11 @@ Layout under the checkpoint folder (``--ckpt_path``, default ``<save_path>/check
     latest                    "global_step4"
 
 A checkpoint folder is built under a temporary name, its files are fsynced, and it is renamed into place only when
-every agent has written its part (:func:`openrlhf_hacpo.utils.atomic.atomic_dir`); ``latest`` is replaced atomically
-afterwards. A save killed half-way therefore leaves the previous checkpoint and ``latest`` untouched, and the
+every agent has written its part (:func:`openrlhf_hacpo.utils.atomic.atomic_dir`) and every file each rank of each
+agent reports writing has been verified from the driver (:func:`verify_saved_files`: present, the size the rank
+wrote, readable); ``latest`` is replaced atomically afterwards, and older checkpoints are pruned only then. A file
+the driver cannot see (a rank whose node writes into a folder that is not shared) fails the save with an error
+naming the agent, the rank, its node and the file, and leaves the previous checkpoint as the latest. A save killed half-way therefore leaves the previous checkpoint and ``latest`` untouched, and the
 temporary folder it leaves behind is removed by :meth:`CheckpointManager.clean_stale` at the next start. Only the
 newest ``max_keep`` checkpoints are kept, and the one just written is never pruned.
 
@@ -23,10 +26,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -35,7 +39,7 @@ from openrlhf_hacpo.utils.disk import ensure_free_space, explain_write_error, fo
 from openrlhf_hacpo.utils.errors import CheckpointError
 from openrlhf_hacpo.utils.safe_load import load_torch_file
 
-__all__ = ["CheckpointManager"]
+__all__ = ["CheckpointManager", "verify_saved_files"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +123,13 @@ class CheckpointManager:
                 raise CheckpointError(f"checkpoint {checkpoint} has no state for agent {name!r} "
                                       f"(expected {self.agent_dir(checkpoint, name)})")
 
+    def _latest_name(self) -> str:
+        """The name ``latest`` holds, or "none"."""
+        try:
+            return (self.root / LATEST).read_text(encoding="utf-8").strip() or "none"
+        except (OSError, UnicodeDecodeError):
+            return "none"
+
     def _listing(self) -> str:
         steps = self.steps()
         return ", ".join(self.path_for(s).name for s in steps) if steps else "none"
@@ -156,32 +167,54 @@ class CheckpointManager:
         steps = self.steps()
         return folder_size(self.path_for(steps[-1])) if steps else first_estimate
 
-    def save(self, step: int, trainer_state: dict[str, Any], write_agents: Callable[[Path], None],
-             size_estimate: int = 0) -> Path:
+    def save(self, step: int, trainer_state: dict[str, Any],
+             write_agents: Callable[[Path], Mapping[str, Sequence[Mapping[str, Any]]] | None],
+             size_estimate: int = 0, on_failure: Callable[[Path], None] | None = None) -> Path:
         """Write checkpoint ``step``: ``write_agents(tmp_dir)`` stores every agent's part under ``tmp_dir/agents``.
 
         Args:
+            write_agents: writes the agents' parts; it may return, per agent, its ranks' manifests (the files each
+                rank wrote, :func:`~openrlhf_hacpo.actors.checkpoint_files.rank_manifest`), which are verified
+                (:func:`verify_saved_files`) before the checkpoint is moved into place.
             size_estimate: expected bytes of the first checkpoint (later ones use the previous checkpoint's size).
+            on_failure: called with the temporary folder when the save fails (after the driver removed it), to
+                remove what other nodes left in their own view of it.
 
         Returns the final folder.
 
         Raises:
+            CheckpointError: a file a rank reports writing is missing, empty, of another size or unreadable here.
             DiskSpaceError: too little free space for the estimate, or a write that failed on a full disk.
         """
         final = self.path_for(step)
         self.root.mkdir(parents=True, exist_ok=True)
         ensure_free_space(self.root, int(self.estimate_size(size_estimate) * _SPACE_MARGIN),
                           f"checkpoint {final.name}")
+        started: list[Path] = []
         try:
             with atomic_dir(final) as tmp:
+                started.append(tmp)
                 (tmp / "agents").mkdir()
-                write_agents(tmp)
+                manifests = write_agents(tmp)
+                if manifests is not None:
+                    problems = verify_saved_files(tmp / "agents", manifests)
+                    if problems:
+                        previous = self._latest_name()
+                        raise CheckpointError(
+                            f"checkpoint {final.name} was not saved: " + "; ".join(problems) + ". The latest "
+                            f"checkpoint stays {previous}" + ("" if previous != "none" else " (none yet)"))
                 torch.save(trainer_state, tmp / STATE_FILE)
                 summary = {k: v for k, v in trainer_state.items() if _json_ok(v)}
                 (tmp / STATE_JSON).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n",
                                               encoding="utf-8")
             atomic_write_text(self.root / LATEST, final.name + "\n")
         except Exception as err:
+            if started and on_failure is not None:
+                try:
+                    on_failure(started[0])
+                except Exception as cleanup:  # noqa: BLE001 - the save's own error is the one to report
+                    logger.warning("could not remove %s on every node: %s: %s", started[0], type(cleanup).__name__,
+                                   cleanup)
             explained = explain_write_error(err, self.root, f"checkpoint {final.name}")
             if explained is not None:
                 raise explained from err
@@ -201,6 +234,54 @@ class CheckpointManager:
         others = [s for s in self.steps() if self.path_for(s) != keep]
         for step in others[: max(len(others) + 1 - self.max_keep, 0)]:
             shutil.rmtree(self.path_for(step), ignore_errors=True)
+
+
+def verify_saved_files(agents_dir: Path, manifests: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """Check, from this process, every file each rank of each agent reports writing under
+    ``agents_dir/<agent>/``; returns one problem per bad file (empty: all present, of the size the rank wrote and
+    readable).
+
+    Args:
+        manifests: per agent, one manifest per rank, :func:`~openrlhf_hacpo.actors.checkpoint_files.rank_manifest`
+            (``rank``, ``host``, ``files``: relative path -> size on the rank's node, -1 when absent there), with an
+            optional ``node`` (how to name the rank's node; ``host`` otherwise).
+    """
+    problems = []
+    for agent, ranks in manifests.items():
+        if not ranks:
+            problems.append(f"agent {agent!r} reported no files")
+        for manifest in ranks:
+            who = (f"agent {agent!r} rank {manifest.get('rank', '?')} "
+                   f"(node {manifest.get('node') or manifest.get('host', '?')})")
+            files = manifest.get("files") or {}
+            if not files:
+                problems.append(f"{who} reported no files")
+            for name, size in sorted(files.items()):
+                path = Path(agents_dir) / agent / name
+                problem = _file_problem(path, int(size))
+                if problem:
+                    problems.append(f"{who}: {name} {problem}")
+    return problems
+
+
+def _file_problem(path: Path, size: int) -> str | None:
+    """What is wrong with ``path`` as the driver sees it, given the ``size`` its rank wrote (-1: absent there)."""
+    if size < 0:
+        return "was not found on the rank's own node after it wrote it"
+    if size == 0:
+        return "is empty on the rank's node"
+    try:
+        with open(path, "rb") as f:
+            seen = os.fstat(f.fileno()).st_size
+            f.read(1)
+    except FileNotFoundError:
+        return (f"({size} bytes on the rank's node) is missing here at {path}: the checkpoint folder is not shared "
+                "with that node (it must be one shared folder on every node, docs/multinode.md)")
+    except OSError as err:
+        return f"cannot be read here at {path}: {err.strerror or err}"
+    if seen != size:
+        return f"has {seen} bytes here at {path}, {size} on the rank's node"
+    return None
 
 
 def _remove(path: Path) -> None:

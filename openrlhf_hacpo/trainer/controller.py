@@ -3,7 +3,9 @@
 One step t:
 
 1. **rollout**: every agent samples G responses for the same prompt batch, concurrently; each agent's policy
-   recomputes the old log-probs of its own responses at the rollout temperature (docs/training.md, "One step");
+   recomputes the old log-probs of its own responses at the rollout temperature (docs/training.md, "One step"),
+   or, with ``old_logp_from_update``, its learner records them at its first update (step 4 then runs in two phases,
+   :mod:`~openrlhf_hacpo.actors.first_update`);
 2. **reward**: every response is verified once, from its source's text (docs/training.md, "One step"), and stored in
    the shared :class:`~openrlhf_hacpo.rollout.RolloutStore`;
 3. **capability**: the tracker appends each agent's P_τ and gives P̂ and the clipped ratio matrix (eqs. 8–9);
@@ -27,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from openrlhf_hacpo.actors.first_update import record_old_logps
 from openrlhf_hacpo.actors.agent_group import AgentGroup, AgentPhaseTimeout, AgentWorkerDied, Pending
 from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult
 from openrlhf_hacpo.algorithms import CapabilityTracker
@@ -38,6 +41,9 @@ from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
 from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state
 from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.trainer.evaluation import Evaluator
+from openrlhf_hacpo.trainer.failures import TrainingError, worker_failure
+from openrlhf_hacpo.trainer.fs_check import (FS_CHECK_TIMEOUT_S, check_shared_folders, node_labels, remove_on_nodes,
+                                             worker_node_ids)
 from openrlhf_hacpo.trainer.fingerprint import config_fingerprint, fingerprint_differences
 from openrlhf_hacpo.trainer.metrics import MetricsLogger
 from openrlhf_hacpo.trainer.preflight import (check_node_placement, resolve_attention, resolve_hub_models,
@@ -48,7 +54,7 @@ from openrlhf_hacpo.trainer.run_inputs import check_run_inputs
 from openrlhf_hacpo.trainer.step_metrics import agent_step_record
 from openrlhf_hacpo.utils.atomic import atomic_write_json
 from openrlhf_hacpo.utils.errors import CheckpointError, RunFolderError
-from openrlhf_hacpo.utils.logging_setup import attach_run_log
+from openrlhf_hacpo.utils.logging_setup import LOG_FILE, attach_run_log
 from openrlhf_hacpo.utils.network import driver_started_ray
 from openrlhf_hacpo.utils.shutdown import keep_signal_handlers
 from openrlhf_hacpo.utils.timing import PhaseTimer
@@ -56,10 +62,6 @@ from openrlhf_hacpo.utils.timing import PhaseTimer
 __all__ = ["HACPOController", "TrainingError", "wait_all"]
 
 logger = logging.getLogger(__name__)
-
-
-class TrainingError(RuntimeError):
-    """A step could not complete; the message says what failed, for which agent, and where to resume from."""
 
 
 def wait_all(pendings: Sequence[Pending]) -> list[Any]:
@@ -95,6 +97,13 @@ class HACPOController:
         self._ready = False
         self.lock = RunLock(cfg.save_path)
         self._log_handler: logging.Handler | None = None
+        # the command-line arguments of this run, when started from the command line: failures then name the exact
+        # command that resumes it (openrlhf_hacpo.trainer.failures.resume_command)
+        self.argv: list[str] | None = None
+        # node id -> "address (host, node id)", for errors naming a node (filled once the workers are placed)
+        self.node_labels: dict[str, str] = {}
+        # <save_path>/train.log once this run logs there (the command line appends the final error to it)
+        self.run_log: Path | None = None
         self._resume_state: tuple[Path, dict[str, Any]] | None = None
         self.reward_watch = RewardStallWatcher(cfg.agent_names, cfg.reward_fn, cfg.reward_stall_steps)
         # taken before preflight resolves hub ids to local folders, so a resume compares the settings as given
@@ -106,12 +115,14 @@ class HACPOController:
         self.dataloader, self.eval_records = check_run_inputs(self.cfg)
 
     def _prepare_run_folder(self) -> None:
-        """Refuse or clear an earlier run's outputs, take the run lock, remove stale save leftovers, log to the
-        folder; on ``--resume`` read and check the trainer state now, before any worker starts."""
+        """Take the run lock, refuse or clear an earlier run's outputs, remove stale save leftovers, log to the
+        folder; on ``--resume`` read and check the trainer state now, before any worker starts. The lock comes first:
+        a run still using the folder refuses this driver before ``--overwrite`` deletes anything."""
         cfg = self.cfg
-        check_run_folder(cfg, cfg.overwrite)
         self.lock.acquire()
+        check_run_folder(cfg, cfg.overwrite)
         self._log_handler = attach_run_log(cfg.save_path)
+        self.run_log = Path(cfg.save_path) / LOG_FILE
         self.ckpt.clean_stale()
         if cfg.resume:
             checkpoint = self.ckpt.latest()
@@ -159,6 +170,8 @@ class HACPOController:
         use_gpu = self._use_gpu()
         run_gpu_stack_preflight(cfg, use_gpu, self._cluster_gpus())
         node_plan = self._node_plan(use_gpu)
+        if node_plan is not None:  # the workers' nodes are known: check the folders before any model loads
+            self._check_shared_folders([n for placement in node_plan for n in placement.nodes])
         total_updates = self.total_steps * cfg.updates_per_step
         self.groups = [AgentGroup(cfg, i, total_updates, use_gpu=use_gpu,
                                   node_placement=node_plan[i] if node_plan is not None else None,
@@ -166,6 +179,9 @@ class HACPOController:
         launches = [g.launch() for g in self.groups]
         self.worker_info = self._guard(lambda: wait_all(launches), "launching the workers")
         self.placement = self._record_placement()
+        self._record_worker_nodes()
+        if node_plan is None:  # Ray placed the workers (a one-node cluster): check the nodes they landed on
+            self._check_shared_folders(worker_node_ids(self.placement))
         self.reward_runner = RewardRunner(cfg.reward_fn, num_workers=cfg.reward_num_workers,
                                           timeout_s=cfg.reward_timeout)
         if self.eval_records:
@@ -222,14 +238,17 @@ class HACPOController:
         self.started_local_ray = driver_started_ray()
 
     def _node_plan(self, use_gpu: bool) -> list[AgentPlacement] | None:
-        """The node of every agent's GPU bundles, checked against every node's size (``ray.nodes()``); None without
-        Ray or GPUs, and on a one-node cluster, where Ray packs each agent's bundles as it always has."""
-        if not (use_gpu and self.cfg.use_ray):
+        """The node of every agent's bundles (GPUs; CPUs on a CPU-only run), checked against every node's size
+        (``ray.nodes()``); None without Ray and on a one-node cluster, where Ray packs each agent's GPU bundles as it
+        always has (checked to fit) and CPU workers ask for no CPUs (not checked: they share the node's cores)."""
+        if not self.cfg.use_ray:
             return None
         import ray
 
         nodes = nodes_from_ray(ray.nodes())
-        plan = check_node_placement(self.cfg, nodes)
+        if len(nodes) < 2 and not use_gpu:
+            return None
+        plan = check_node_placement(self.cfg, nodes, "GPU" if use_gpu else "CPU")
         if len(nodes) < 2:
             return None
         address = {n.node_id: n.label for n in nodes}
@@ -251,6 +270,11 @@ class HACPOController:
             return {}
         for agent, roles in placement.items():
             for role, entries in roles.items():
+                if role == "rendezvous":
+                    if entries is not None:
+                        logger.info("agent %r: DeepSpeed group meets on %s:%d", agent, entries["address"],
+                                    entries["port"])
+                    continue
                 for entry in entries if isinstance(entries, list) else [entries]:
                     index = entry.get("rank", entry.get("engine"))
                     which = f" {index}" if index is not None else ""
@@ -258,6 +282,32 @@ class HACPOController:
                                 entry["node_id"][:8], ",".join(entry["gpu_ids"]) or "none")
         atomic_write_json(Path(self.cfg.save_path) / PLACEMENT_FILE, placement)
         return placement
+
+    def _record_worker_nodes(self) -> None:
+        """Give every agent group the node of each of its workers (from the placement records), for errors."""
+        if not (self.cfg.use_ray and self.placement):
+            return
+        import ray
+
+        self.node_labels = node_labels(ray.nodes())
+        for group in self.groups:
+            group.record_nodes(self.placement.get(group.name, {}), self.node_labels)
+
+    def _check_shared_folders(self, node_ids: list[str]) -> None:
+        """Prove that the nodes ``node_ids`` (those hosting a worker) share the run folder and the checkpoint folder
+        with the driver (:mod:`openrlhf_hacpo.trainer.fs_check`; no task runs when they are all the driver's)."""
+        if not self.cfg.use_ray:
+            return
+        import ray
+
+        if not node_ids:
+            logger.warning("the workers' nodes are unknown: the shared-folder check of %s is skipped",
+                           self.cfg.save_path)
+            return
+        Path(self.cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        timeout = min(self.cfg.step_timeout or FS_CHECK_TIMEOUT_S, FS_CHECK_TIMEOUT_S)
+        check_shared_folders([self.cfg.save_path, self.cfg.checkpoint_dir], node_ids, node_labels(ray.nodes()),
+                             ray.get_runtime_context().get_node_id(), timeout_s=timeout)
 
     # ------------------------------------------------------------------------------------------------ loop
     def fit(self) -> list[list[dict[str, Any]]]:
@@ -286,13 +336,13 @@ class HACPOController:
         return self.history
 
     def _guard(self, fn, what: str):
+        """Run ``fn``; a worker that died or hung becomes the one-line :class:`TrainingError` naming the agent, the
+        worker, its node, the phase, the last complete checkpoint and the command that resumes
+        (:func:`~openrlhf_hacpo.trainer.failures.worker_failure`)."""
         try:
             return fn()
         except (AgentWorkerDied, AgentPhaseTimeout) as err:
-            where = (f"the last joint checkpoint is {self.last_checkpoint}; continue with --resume"
-                     if self.last_checkpoint is not None else
-                     f"no joint checkpoint has been written yet (checkpoint folder {self.cfg.checkpoint_dir})")
-            raise TrainingError(f"{what} failed: {err}. {where}") from err
+            raise worker_failure(what, err, self.last_checkpoint, self.cfg.checkpoint_dir, self.argv) from err
 
     def sampling_for(self, step: int, agent: str) -> SamplingConfig:
         cfg = self.cfg
@@ -322,8 +372,6 @@ class HACPOController:
             self.reward_watch.update(step, [[t.reward for t in trajectories if t.source == k]
                                             for k in range(cfg.num_agents)])
             self.store.add(trajectories)
-            if cfg.save_rollouts:
-                self.store.dump_jsonl(step, Path(cfg.save_path) / "rollouts" / f"step_{step:06d}.jsonl")
 
             # 3) capability: this step's P_τ, P̂ over the window (this step included) and the clipped ratios
             with timer.phase("capability"):
@@ -339,7 +387,15 @@ class HACPOController:
                     import ray
 
                     shared = ray.put(trajectories)  # one copy in the object store for every learner
-                trained: list[TrainStepResult] = wait_all([g.train_step(shared, step, ratios) for g in self.groups])
+                if not cfg.old_logp_from_update:
+                    trained: list[TrainStepResult] = wait_all([g.train_step(shared, step, ratios)
+                                                               for g in self.groups])
+                else:  # own rows first, their old log-probs to every learner, then the rest (actors/first_update)
+                    own = wait_all([g.train_own_rows_first(shared, step, ratios) for g in self.groups])
+                    old_means = record_old_logps(trajectories, own)
+                    trained = wait_all([g.train_finish(old_means) for g in self.groups])
+            if cfg.save_rollouts:  # after training: with old_logp_from_update the learners scored them
+                self.store.dump_jsonl(step, Path(cfg.save_path) / "rollouts" / f"step_{step:06d}.jsonl")
 
             # 5) weight sync to the rollout engines
             sync_s = [g.sync_weights() for g in self.groups]
@@ -378,17 +434,47 @@ class HACPOController:
         }
 
     def save_checkpoint(self) -> Path:
-        """Write the joint checkpoint of the current step (atomic; old ones pruned to ``max_ckpt_num``)."""
+        """Write the joint checkpoint of the current step (atomic; old ones pruned to ``max_ckpt_num``).
 
-        def write_agents(tmp: Path) -> None:
+        It counts (moved into place, named by ``latest``, older ones pruned, announced in the log) only once every
+        file every rank of every agent wrote has been verified from the driver
+        (:func:`~openrlhf_hacpo.trainer.checkpoint.verify_saved_files`); a failed save is removed on every node."""
+        manifests: dict[str, list[dict[str, Any]]] = {}
+
+        def write_agents(tmp: Path) -> dict[str, list[dict[str, Any]]]:
             pendings = [g.save_checkpoint(str(CheckpointManager.agent_dir(tmp, g.name))) for g in self.groups]
-            wait_all(pendings)
+            for group, ranks in zip(self.groups, wait_all(pendings)):
+                manifests[group.name] = [{**rank, "node": self._rank_node(group.name, rank.get("rank"))}
+                                         for rank in ranks]
+            return manifests
 
         self.last_checkpoint = self._guard(
-            lambda: self.ckpt.save(self.step, self.trainer_state(), write_agents, self._first_checkpoint_size()),
+            lambda: self.ckpt.save(self.step, self.trainer_state(), write_agents, self._first_checkpoint_size(),
+                                   on_failure=self._remove_on_worker_nodes),
             f"saving the checkpoint of step {self.step}")
-        logger.info("saved joint checkpoint %s", self.last_checkpoint)
+        files = sum(len(rank.get("files") or {}) for ranks in manifests.values() for rank in ranks)
+        logger.info("saved joint checkpoint %s (%d files of %d ranks verified)", self.last_checkpoint, files,
+                    sum(map(len, manifests.values())))
         return self.last_checkpoint
+
+    def _rank_node(self, agent: str, rank: int | None) -> str | None:
+        """How errors name the node of ``agent``'s policy ``rank`` (from the placement records), None if unknown."""
+        entries = self.placement.get(agent, {}).get("policy") or []
+        entry = next((e for e in entries if e.get("rank") == rank), None)
+        if entry is None:
+            return None
+        return self.node_labels.get(entry["node_id"], entry.get("address"))
+
+    def _remove_on_worker_nodes(self, path: Path) -> None:
+        """Remove ``path`` in the view of every node hosting a worker other than the driver's (a failed save's
+        temporary folder, which the driver has removed in its own view)."""
+        nodes = worker_node_ids(self.placement)
+        if not (self.cfg.use_ray and nodes):
+            return
+        import ray
+
+        driver = ray.get_runtime_context().get_node_id()
+        remove_on_nodes({node: [str(path)] for node in nodes if node != driver})
 
     def _first_checkpoint_size(self) -> int:
         """Estimated bytes of a joint checkpoint: per agent, its model files × 3 (weights and Adam's two moments,

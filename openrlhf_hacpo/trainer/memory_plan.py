@@ -10,7 +10,8 @@ bytes. Sharding over the ranks follows ZeRO (:math:`[\cdot]` is 1 when true, els
 
 .. math::
 
-    \text{weights} = \frac{w P}{d^{[z=3]}}, \quad \text{master} = \frac{4 P_t}{d^{[z\ge1]}}\,[\text{bf16}], \quad
+    \text{weights} = \frac{w P}{d^{[z=3]}}, \quad \text{master} = \frac{4 P_t}{d^{[z\ge1]}}\,[\text{bf16} \lor
+    z \in \{1, 2\} \lor (z = 3 \land \text{adam\_offload})], \quad
     \text{gradients} = \frac{w P_t}{d^{[z\ge2]}}, \quad \text{optimizer} = \frac{8 P_t}{d^{[z\ge1]}}
 
 (with LoRA the weights are the frozen base and the adapters, :math:`w (P + P_t)`, and :math:`P_t` counts only
@@ -88,7 +89,10 @@ flash) attention: Korthikanti et al. 2022 count 34 bytes in 16-bit (sbh(34 + 5as
 attention matrix of eager attention), i.e. 17 values."""
 
 MASTER_BYTES = 4
-"""DeepSpeed's fp32 master copy of each trainable weight in bf16 mode (none in fp32 mode: the weights are fp32)."""
+"""DeepSpeed's fp32 master copy of each trainable weight: in bf16 mode always; in fp32 mode too under ZeRO-1/2,
+whose optimizer clones the fp32 partition it updates (``single_partition_of_fp32_groups``), and under ZeRO-3 with
+``adam_offload`` (the copy on the host); fp32 ZeRO-3 on the device updates the weights' own partition, and fp32
+ZeRO-0 has no copy."""
 
 ADAM_BYTES = 8
 """Adam's two fp32 moments per trainable weight."""
@@ -345,7 +349,8 @@ def _policy_parts(lay: AgentLayout) -> tuple[dict[str, int], int]:
     P, Pt, w, d, z = lay.shape.parameters(), lay.trainable, lay.weight_bytes, lay.dp, lay.zero_stage
     frozen = P if lay.lora_rank > 0 else 0  # LoRA: the whole base model, frozen, plus the adapters
     weights = _ceil(w * (frozen + Pt), d if z == 3 else 1)
-    master = _ceil(MASTER_BYTES * Pt, d if z >= 1 else 1) if lay.bf16 else 0
+    fp32_copy = lay.bf16 or z in (1, 2) or (z == 3 and lay.adam_offload)  # see MASTER_BYTES
+    master = _ceil(MASTER_BYTES * Pt, d if z >= 1 else 1) if fp32_copy else 0
     optimizer = _ceil(ADAM_BYTES * Pt, d if z >= 1 else 1)
     gradients = _ceil(w * Pt, d if z >= 2 else 1)
     host = 0

@@ -10,9 +10,10 @@ agent at fault and the values that would work:
   warning that gives the reason.
 * `check_gpu_count`: the GPUs every agent needs (policy ranks, plus dedicated engine GPUs) against the cluster's;
   three 4-GPU agents on 8 GPUs would otherwise wait forever for their placement groups.
-* `check_node_placement`: every agent's GPU bundles against each node's real size (``ray.nodes()``), through the
-  node planner (:mod:`openrlhf_hacpo.engines.node_plan`): its plan, or an error naming the agent, its bundles and
-  every node's free GPUs (a 6-GPU agent does not fit two nodes with 4 free each, though 8 GPUs are free in all).
+* `check_node_placement`: every agent's GPU bundles (CPU bundles on a CPU-only cluster) against each node's real size
+  (``ray.nodes()``), through the node planner (:mod:`openrlhf_hacpo.engines.node_plan`): its plan, or an error
+  naming the agent, its bundles and every node's free GPUs or CPUs (a 6-GPU agent does not fit two nodes with 4 free
+  each, though 8 GPUs are free in all).
 * `check_vllm_compatibility`: each agent's architecture against the vLLM attention backends of the device for the
   agent's dtype (head size: FlashAttention runs fp16/bf16 only, so fp32 needs Triton's head sizes >= 32) and the
   context the run asks for (prompt + generation length against the model's maximum).
@@ -104,11 +105,12 @@ def check_gpu_count(cfg: TrainConfig, cluster_gpus: float) -> None:
                      "or add nodes")
 
 
-def check_node_placement(cfg: TrainConfig, nodes: Sequence[ClusterNode]) -> list[AgentPlacement]:
-    """The node of every agent's GPU bundles (:func:`~openrlhf_hacpo.engines.node_plan.plan_nodes` with the agents'
-    demands and ``--allow_straddle``); raises :class:`~openrlhf_hacpo.engines.node_plan.PlacementError` (a
-    ``ValueError``) when the agents do not fit the nodes or a pin names no single node."""
-    return plan_nodes(nodes, agent_demands(cfg), allow_straddle=cfg.allow_straddle)
+def check_node_placement(cfg: TrainConfig, nodes: Sequence[ClusterNode], kind: str = "GPU") -> list[AgentPlacement]:
+    """The node of every agent's bundles of ``kind`` ("GPU", or "CPU" for a run on a CPU-only cluster;
+    :func:`~openrlhf_hacpo.engines.node_plan.plan_nodes` with the agents' demands and ``--allow_straddle``); raises
+    :class:`~openrlhf_hacpo.engines.node_plan.PlacementError` (a ``ValueError``) when the agents do not fit the nodes
+    or a pin names no single node."""
+    return plan_nodes(nodes, agent_demands(cfg, on_gpu=kind == "GPU"), allow_straddle=cfg.allow_straddle, kind=kind)
 
 
 # ---------------------------------------------------------------------------------------------------------- vLLM

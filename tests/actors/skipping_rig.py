@@ -87,8 +87,8 @@ def learner_batch(rows: list[Row], means: dict[tuple[int, int], float]) -> Learn
 
 
 def make_config(backend: str, skip: bool, rule: str, micro: int = 3, extra: tuple[str, ...] = ()) -> TrainConfig:
-    """Two agents, learner ``a``; ``micro`` rows per micro-batch (the probe packs ``PROBE_ROWS_FACTOR`` times as
-    many); without ``skip`` the full computation: every row through the backward, consecutive micro-batches."""
+    """Two agents, learner ``a``; ``micro`` rows per micro-batch (the probe's forwards too); without ``skip`` the
+    full computation: every row through the backward, consecutive micro-batches."""
     flags = ["--agent", "name=a,pretrain=/m", "--agent", "name=b,pretrain=/m", "--prompt_data", "x.jsonl",
              "--n_samples_per_prompt", "2", "--rollout_batch_size", "3", "--train_batch_size", "12",
              "--micro_train_batch_size", str(micro), "--kernel_backend", backend, "--init_kl_coef", "0",

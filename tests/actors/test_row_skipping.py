@@ -97,11 +97,12 @@ def test_a_step_counts_skipped_rows_in_its_records():
     assert metrics["perf/tokens_trained"] == 2 * sum(length) == 2 * 36
     assert metrics["perf/rows_backward"] == (3 + 3) + (3 + 2)
     assert metrics["perf/tokens_backward"] == sum(sum(length[i] for i in own + sorted(t)) for t in TRAINED_FOREIGN)
-    # the probe packs the 9 foreign rows in one group (micro 3 × 4 rows) at each update: 9 × (4 + 5) positions,
-    # Σ (prompt + response) = 24 + 27 = 51 of them real
+    # the probe packs the 9 foreign rows as the update does, 3 rows per forward grouped by (response, prompt)
+    # length: (r, p) = (1, 2) (1, 3) (2, 3) | (3, 2) (3, 2) (3, 4) | (4, 2) (5, 2) (5, 4), so 3 × (3 + 2) + 3 × (4 + 3)
+    # + 3 × (4 + 5) = 63 positions at each update, Σ (prompt + response) = 24 + 27 = 51 of them real
     prompt, response = [len(PROMPTS[STEP_ROWS[i][0]]) for i in foreign], [length[i] for i in foreign]
-    assert (max(prompt), max(response), sum(prompt) + sum(response)) == (4, 5, 51)
-    assert metrics["perf/pad_frac_probe"] == pytest.approx(1.0 - 51 / 81)
+    assert (sum(prompt), sum(response)) == (24, 27)
+    assert metrics["perf/pad_frac_probe"] == pytest.approx(1.0 - 51 / 63)
     # the median of s over the foreign rows of both updates, skipped ones included: 18 values, torch's (lower)
     # median is the 9th smallest, s = 0.81 (the rows that reached a backward alone would give 0.9)
     assert metrics["policy/foreign_ratio_median"] == pytest.approx(0.81, rel=1e-5)

