@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from openrlhf_hacpo.cli.train_hacpo import build_config
-from openrlhf_hacpo.trainer.controller import HACPOController
+from fit_weights import fit_with_weights
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
@@ -23,20 +23,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is deprecate
 def train(tmp_path, base_args, agents: list[str], steps: int, *extra: str):
     cfg = build_config(base_args(tmp_path, *agents, "--algorithm", "hacpo", "--train_batch_size", "8",
                                  "--max_steps", str(steps), "--no_save_hf", "--save_rollouts", *extra))
-    controller = HACPOController(cfg)
-    try:
-        controller.fit()
-        weights = []
-        for group in controller.groups:
-            if cfg.use_ray:  # every rank takes part in ZeRO-3's gathers; rank 0's copy is the full weights
-                import ray
-
-                weights.append(ray.get([p.state_dict_for_sync.remote() for p in group.policies])[0])
-            else:
-                weights.append(group.policies[0].state_dict_for_sync())
-        return [r for step in controller.history for r in step], weights
-    finally:
-        controller.close()
+    history, weights = fit_with_weights(cfg)
+    return [r for step in history for r in step], weights
 
 
 def assert_same_run(scored, saving, saving_path, steps: int):

@@ -1,0 +1,25 @@
+"""One controller fit that returns its per-step records and every agent's trained weights (shared by the tests that
+compare two runs of the same configuration)."""
+from __future__ import annotations
+
+from typing import Any
+
+from openrlhf_hacpo.trainer.controller import HACPOController
+
+
+def fit_with_weights(cfg) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Fit ``cfg``; returns ``controller.history`` and each agent's full weights (rank 0's copy)."""
+    controller = HACPOController(cfg)
+    try:
+        controller.fit()
+        weights = []
+        for group in controller.groups:
+            if cfg.use_ray:  # every rank takes part in ZeRO-3's gathers; rank 0's copy is the full weights
+                import ray
+
+                weights.append(ray.get([p.state_dict_for_sync.remote() for p in group.policies])[0])
+            else:
+                weights.append(group.policies[0].state_dict_for_sync())
+        return controller.history, weights
+    finally:
+        controller.close()
