@@ -1,8 +1,9 @@
 """One local Ray cluster for the tests of a folder, instead of one per test module.
 
-Starting Ray takes about 15 s on 2 CPU cores. The first test of a folder that asks for Ray (its conftest's
-``ray_cluster`` fixture, calling :func:`start`) starts it; the folder's later tests reuse it, and the conftest's
-``pytest_runtest_teardown`` hook (:func:`stop_after_folder`) shuts it down after the last test of that folder, so
+Starting Ray takes about 15 s on 2 CPU cores. A folder's conftest opts in by importing the ``ray_cluster`` fixture
+and the ``pytest_runtest_teardown`` hook from here. The first test of the folder that asks for Ray starts it
+(:func:`start`); the folder's later tests reuse it, and the hook (:func:`stop_after_folder`) shuts it down after the
+folder's last test, so
 tests elsewhere that start a cluster of their own (other settings, fake GPUs, several nodes) never find one running.
 A module that started and shut down a cluster of its own in between is no trouble: :func:`start` starts one again.
 """
@@ -39,3 +40,15 @@ def stop_after_folder(nextitem) -> None:
         import ray
 
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(request):
+    """The local Ray cluster of the requesting test folder's tests."""
+    return start(Path(request.path).parent)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    stop_after_folder(nextitem)

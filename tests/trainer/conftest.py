@@ -3,13 +3,11 @@ session fixtures of ``tests/conftest.py``."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-import local_ray
 import pytest
+from local_ray import pytest_runtest_teardown, ray_cluster  # noqa: F401  (the folder's one Ray cluster)
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
@@ -30,19 +28,6 @@ def base_args(prompt_file, reward_file):
         ]
 
     return make
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """The local Ray cluster of this folder's tests (tests/local_ray.py): started by the first module that asks for
-    it, shut down after the folder's last test."""
-    return local_ray.start(HERE)
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_teardown(item, nextitem):
-    yield
-    local_ray.stop_after_folder(nextitem)
 
 
 @pytest.fixture(scope="session")
