@@ -1,11 +1,10 @@
 """benchmarks/compare_tiny.py: the arms' goal checks and selection, the trainer commands every arm builds, and that
 the script uses library modules only (the main job through its command line, never ``openrlhf_hacpo.cli``)."""
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_script import load_benchmark
 
 from openrlhf_hacpo.zoo.job import MainJobConfig, trainer_argv
 
@@ -13,11 +12,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compare_tiny.py"
 
 
 def _compare_module():
-    spec = importlib.util.spec_from_file_location("compare_tiny", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("compare_tiny")
 
 
 def test_goal_checks_and_arm_selection():

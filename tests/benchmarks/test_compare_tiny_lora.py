@@ -2,21 +2,12 @@
 LoRA parameter counts of the shipped agents, and the report's rows."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compare_tiny_lora.py"
+from benchmark_script import load_benchmark
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("compare_tiny_lora", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("compare_tiny_lora")
 
 
 def _arm(finals, before, seconds=None):

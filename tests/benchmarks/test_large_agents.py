@@ -3,15 +3,15 @@ bytes, the report and its LoRA ratio, the trainer flags of every configuration),
 end on the tiny agents without Ray."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
+from benchmark_script import load_benchmark
 
-from openrlhf_hacpo.utils.process_memory import ProcessMemory, process_memory, status_bytes
+from openrlhf_hacpo.utils.process_memory import (
+    ProcessMemory,
+    process_memory,
+    status_bytes,
+)
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "large_agents.py"
 GIB = 2**30
 
 STATUS = """Name:\tpython
@@ -24,11 +24,7 @@ Threads:\t4
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("large_agents", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("large_agents")
 
 
 def test_status_fields_are_read_in_bytes():

@@ -1,14 +1,12 @@
 """A run beside the README's numbers (openrlhf_hacpo/zoo/reference.py): Student's t quantiles against closed forms
 and a float64 integral of the density, the prediction interval by hand, every status of the comparison, the table
 the main job prints, and that the arm settings benchmarks/compare_tiny.py writes are the ones a main job records."""
-import importlib.util
 import json
 import math
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
+from benchmark_script import load_benchmark
 
 from openrlhf_hacpo.zoo.reference import (
     compare_with_reference,
@@ -18,8 +16,6 @@ from openrlhf_hacpo.zoo.reference import (
     student_t_quantile,
 )
 from openrlhf_hacpo.zoo.reports import format_table
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compare_tiny.py"
 
 
 def _t_cdf_by_simpson(t: float, dof: int, n: int = 200_000) -> float:
@@ -127,11 +123,7 @@ def test_reference_files(tmp_path):
 
 
 def _compare_module():
-    spec = importlib.util.spec_from_file_location("compare_tiny_for_reference", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("compare_tiny", "compare_tiny_for_reference")
 
 
 def test_compare_tiny_arm_settings_are_what_the_main_job_records(tmp_path):
