@@ -46,6 +46,7 @@ __all__ = [
     "only_for_refusal",
     "ROLLOUT_BACKENDS",
     "ENGINE_BACKENDS",
+    "OWN_OLD_LOGPS",
     "LR_SCHEDULERS",
     "AgentConfig",
     "TrainConfig",
@@ -53,6 +54,7 @@ __all__ = [
 
 ROLLOUT_BACKENDS = ("hf", "hf_engine", "vllm")
 ENGINE_BACKENDS = ("hf_engine", "vllm")
+OWN_OLD_LOGPS = ("recompute", "behaviour")
 """Rollout backends that generate in engine actors of their own, to which the policy syncs its weights after every
 update (``hf`` generates inside the policy actor)."""
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
@@ -303,6 +305,14 @@ class TrainConfig:
                                            "log-probs from that update's forward (detached) instead of a scoring "
                                            "pass at rollout; other learners' probes wait for them (same result, "
                                            "less compute)")
+    one_step_off: bool = _training(False, help="overlap generation and training: the engines generate step t+1's "
+                                   "rollouts with the weights of step t-1 while every learner trains on step t "
+                                   "(rows one version stale from step 2 on; needs engine actors: --rollout_backend "
+                                   "hf_engine or vllm, without colocated or sleeping engines)")
+    own_old_logp: str = _training("recompute", choices=OWN_OLD_LOGPS, help="old log-probs of a learner's own rows "
+                                  "with --one_step_off: recompute (a scoring pass at the weights being trained, as "
+                                  "synchronous training: the first update's ratio is 1) or behaviour (the sampling "
+                                  "engine's log-probs, decoupled PPO; needs --temperature 1)")
     actor_num_gpus_per_node: int = _training(1, ge=1, help="data-parallel policy workers per agent")
     device: str = _training("auto", choices=DEVICES, help="auto: cuda when the Ray cluster has GPUs")
     use_ray: bool = _training(True, flag="--no_ray", help="run every agent's worker inside this process (one worker "
@@ -436,6 +446,7 @@ class TrainConfig:
         if self.rollout_backend == "hf_engine" and self.device == "cuda":
             raise ValueError("rollout_backend='hf_engine' runs its engines on CPU cores; with device='cuda' use "
                              "rollout_backend='vllm' (engine actors on GPUs) or 'hf' (generate on the policy's GPU)")
+        self._validate_one_step_off()
         rows = self.rows_per_learner
         if rows % self.train_batch_size:
             raise ValueError(
@@ -461,6 +472,31 @@ class TrainConfig:
         if self.eval_before_training and self.eval_data is None:
             raise ValueError("eval_before_training is set but eval_data is not: give --eval_data")
         self._validate_memory_options()
+
+    def _validate_one_step_off(self) -> None:
+        """``--one_step_off`` generates in engine actors while the policies train; ``--own_old_logp behaviour``
+        reads the engines' log-probs of a one-step-off rollout (docs/training.md, "One-step-off overlap")."""
+        if self.one_step_off:
+            if self.rollout_backend not in ENGINE_BACKENDS:
+                raise ValueError(f"--one_step_off needs engine actors that generate while the policies train: "
+                                 f"--rollout_backend hf_engine or vllm, got --rollout_backend {self.rollout_backend}")
+            if self.colocate_all_models:
+                raise ValueError("--one_step_off needs engines on their own devices: --colocate_all_models puts them "
+                                 "on the policies' GPUs, where they cannot generate while the policies train")
+            if self.vllm_enable_sleep:
+                raise ValueError("--one_step_off needs engines that stay awake while the policies train: drop "
+                                 "--vllm_enable_sleep")
+            if self.old_logp_from_update:
+                raise ValueError("--one_step_off excludes --old_logp_from_update: the next step's rollouts queue on "
+                                 "the policies between its two phases, so the update would wait for the generation")
+        if self.own_old_logp == "behaviour":
+            if not self.one_step_off:
+                raise ValueError("--own_old_logp behaviour needs --one_step_off (synchronous rollouts are generated "
+                                 "by the weights being trained: use the default --own_old_logp recompute)")
+            if self.temperature != 1.0:
+                raise ValueError(f"--own_old_logp behaviour needs --temperature 1 (the engines return log-probs at "
+                                 f"temperature 1, the old log-probs are taken at the rollout temperature), got "
+                                 f"--temperature {self.temperature}")
 
     def _validate_memory_options(self) -> None:
         """The offload options against each agent's ZeRO stage (docs/gpu.md, Memory options)."""

@@ -75,6 +75,10 @@ class AgentGroup:
         self._broadcast_ready = False
         self._engines_sleep = False
         self._engines_awake = False
+        # weights versions (training steps taken): the learner's, and the one its engines hold since the last sync;
+        # every rollout stamps its trajectories with the version that generated them (Trajectory.policy_version)
+        self.policy_version = 0
+        self.engine_version = 0
 
     placement_timeout_s: float = 300.0
     """How long to wait for Ray to place a placement group before failing with the GPU counts."""
@@ -368,35 +372,58 @@ class AgentGroup:
                       combine: Callable[[list[Any]], Any] = lambda v: v[0]) -> Pending:
         return self._call(self.policies, method, [args] * len(self.policies), "policy", combine)
 
-    def rollout(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> Pending:
+    def rollout(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int, rendered: Any = None) -> Pending:
         """Sample ``sampling.n`` responses per prompt; the result is the agent's :class:`RolloutResult` (its
-        trajectories not yet verified)."""
+        trajectories not yet verified), each trajectory stamped with the weights version that generated it (the
+        engines' since their last sync, else the learner's).
+
+        ``rendered`` (engine backends): the prompts as :meth:`render_for_rollout` rendered them, so that nothing of
+        this rollout waits behind work already queued on the policies (``--one_step_off`` queues the rollout behind
+        the update: its scoring pass then runs at the updated weights)."""
         if self.has_engines:
-            return self._rollout_engines(prompts, sampling, step)
+            return self._rollout_engines(prompts, sampling, step, rendered)
+        version = self.policy_version
         shards = split_shards(prompts, len(self.policies))
         args = [(shard, shard_sampling(sampling, rank), step) for rank, shard in enumerate(shards)]
-        return self._call(self.policies, PolicyWorker.rollout, args, "policy", RolloutResult.combine)
+        return self._call(self.policies, PolicyWorker.rollout, args, "policy",
+                          lambda parts: _stamped(RolloutResult.combine(parts), version))
 
-    def _rollout_engines(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> Pending:
-        """Rank 0 renders the prompts once; the engines sample and every policy rank scores its prompts' responses.
+    def render_for_rollout(self, prompts: Sequence[Any]) -> Pending:
+        """Rank 0 renders ``prompts`` for the engines (the argument ``rendered`` of :meth:`rollout`)."""
+        return self._call(self.policies[:1], PolicyWorker.render, [(list(prompts),)], "policy", lambda v: v[0])
+
+    def _rollout_engines(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int,
+                         rendered: Any = None) -> Pending:
+        """Rank 0 renders the prompts once (unless given); the engines sample and every policy rank scores its
+        prompts' responses.
 
         Both phases start now: each scoring call takes the engines' results as Ray arguments, so it runs as soon as
         they exist (sleeping engines are put back to sleep first: the scoring call waits for that too) and the
         agents' phases overlap however the driver waits. The ``generate`` phase runs from the rendering to the engines'
         outputs (read when the driver waits for them); the ranks' results bring their ``scoring``.
+
+        With ``--own_old_logp behaviour`` the engines also return their log-probs of the sampled tokens, which the
+        driver attaches to the trajectories (``Trajectory.behaviour_logp``).
         """
         timer = PhaseTimer()
         generated = timer.start("generate")  # ends when the engines' outputs are in
-        rendered = self._call(self.policies[:1], PolicyWorker.render, [(list(prompts),)], "policy",
-                              lambda v: v[0]).result()
+        version = self.engine_version
+        behaviour = self.cfg.own_old_logp == "behaviour"
+        if behaviour:
+            sampling = replace(sampling, return_logprobs=True)
+        if rendered is None:
+            rendered = self.render_for_rollout(prompts).result()
         indices = list(range(len(prompts)))
         self._wake_engines()
         engine_shards = [s for s in split_shards(indices, len(self.engines)) if s]
         engines = self.engines[:len(engine_shards)]
+        def generation_done(outputs: list[list[GenerationOutput]]) -> list[list[GenerationOutput]]:
+            generated()
+            return outputs
+
         generation = self._call(engines, _engine_class(self.cfg.rollout_backend).generate,
                                 [([rendered.ids[i] for i in shard], shard_sampling(sampling, e))
-                                 for e, shard in enumerate(engine_shards)], self._engine_role,
-                                lambda outputs: generated())
+                                 for e, shard in enumerate(engine_shards)], self._engine_role, generation_done)
         outputs = generation.parts
         if self._engines_sleep:  # engines sleep before the (colocated) policies score
             outputs = self._after_sleep(engines, outputs)
@@ -405,8 +432,11 @@ class AgentGroup:
                 for shard in shards]
         scoring = self._call(self.policies, PolicyWorker.score_engine_outputs, args, "policy", RolloutResult.combine)
 
-        def combine(parts: list[RolloutResult], _: None) -> RolloutResult:
-            combined = scoring.combine(parts)
+        def combine(parts: list[RolloutResult], outputs: list[list[GenerationOutput]]) -> RolloutResult:
+            combined = _stamped(scoring.combine(parts), version)
+            if behaviour:
+                _attach_behaviour_logps(self.name, combined.trajectories, engine_shards, outputs,
+                                        self.cfg.n_samples_per_prompt)
             return replace(combined, timings={**combined.timings, **timer.seconds})
 
         return Pending(self, scoring.role, scoring.parts, combine, scoring.remote, scoring.method, after=generation,
@@ -464,8 +494,12 @@ class AgentGroup:
             import ray
 
             trajectories = ray.put(list(trajectories))  # one copy for all ranks
-        return self._all_policies(PolicyWorker.train_step, trajectories, step, ratios,
-                                  combine=TrainStepResult.combine)
+        return self._all_policies(PolicyWorker.train_step, trajectories, step, ratios, combine=self._trained)
+
+    def _trained(self, parts: Sequence[Any]) -> TrainStepResult:
+        """The ranks' results of a training step as one; the learner's weights are one version further."""
+        self.policy_version += 1
+        return TrainStepResult.combine(parts)
 
     def train_own_rows_first(self, trajectories: Any, step: int, ratios: CapabilityRatios) -> Pending:
         """Phase 1 of a step with ``old_logp_from_update`` (:mod:`~openrlhf_hacpo.actors.first_update`): the result
@@ -475,7 +509,7 @@ class AgentGroup:
 
     def train_finish(self, old_means: Sequence[float]) -> Pending:
         """Phase 2: the step's updates, given every trajectory's old log-prob mean; a :class:`TrainStepResult`."""
-        return self._all_policies(PolicyWorker.train_finish, list(old_means), combine=TrainStepResult.combine)
+        return self._all_policies(PolicyWorker.train_finish, list(old_means), combine=self._trained)
 
     def sync_weights(self) -> float:
         """Copy the policy's weights into the agent's engines (vLLM or HF); returns seconds spent (0 without
@@ -484,6 +518,7 @@ class AgentGroup:
         The path is :meth:`weight_sync_mode`'s. Sleeping engines get back only their weights' memory for the copy
         (the policy ranks empty their CUDA cache first, :meth:`PolicyIO.sync_weights_to_engines`); their KV cache
         wakes just before the next generation (:meth:`_wake_engines`)."""
+        self.engine_version = self.policy_version
         if not self.engines:
             return 0.0
         t0 = time.perf_counter()
@@ -538,6 +573,35 @@ class AgentGroup:
             if group is not None:
                 remove_placement_group(group)
         self._placement_group = self._engine_placement_group = None
+
+
+def _stamped(result: RolloutResult, version: int) -> RolloutResult:
+    """``result`` with every trajectory's ``policy_version`` set to ``version``."""
+    for traj in result.trajectories:
+        traj.policy_version = version
+    return result
+
+
+def _attach_behaviour_logps(agent: str, trajectories: Sequence[Any], engine_shards: Sequence[Sequence[int]],
+                            outputs: Sequence[Sequence[GenerationOutput]], n: int) -> None:
+    """Give each trajectory the log-probs its engine returned for its tokens (``Trajectory.behaviour_logp``).
+
+    Engine e sampled the prompts ``engine_shards[e]`` (its ``prompt_index`` counts within them); the trajectories
+    come prompt-major, ``n`` per prompt, in prompt order. Each pairing is checked on the token ids."""
+    import torch
+
+    by_row: dict[tuple[int, int], GenerationOutput] = {}
+    for shard, outs in zip(engine_shards, outputs):
+        for out in outs:
+            by_row[(shard[out.prompt_index], out.sample_index)] = out
+    if len(by_row) != len(trajectories):
+        raise RuntimeError(f"agent {agent!r}: {len(by_row)} engine outputs for {len(trajectories)} trajectories")
+    for row, traj in enumerate(trajectories):
+        out = by_row.get((row // n, row % n))
+        if out is None or out.logprobs is None or list(out.response_token_ids) != traj.source_token_ids:
+            raise RuntimeError(f"agent {agent!r}: trajectory {row} ({traj.prompt_id!r}) has no engine output with "
+                               "its token ids and log-probs")
+        traj.behaviour_logp = torch.tensor(out.logprobs, dtype=torch.float32)
 
 
 def _first_of(value: Any, *_: Any) -> Any:

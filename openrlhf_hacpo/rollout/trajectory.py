@@ -118,6 +118,9 @@ def validate_prompt(prompt: Any, where: str = "prompt") -> Prompt:
     return prompt
 
 
+_TENSOR_FIELDS = ("source_logp", "behaviour_logp")
+
+
 @dataclass(eq=False)  # __eq__ below: a tensor field has no truth value for the generated one
 class Trajectory:
     """One verified response of one agent to one prompt, independent of any tokenizer.
@@ -145,9 +148,17 @@ class Trajectory:
         metadata: JSON-safe extras (e.g. ``prompt_text``, the prompt as rendered by the source).
         foreign_text: what other agents re-tokenize when it differs from ``response_text``: under ``eos_policy
             "text"`` the response decoded with its special tokens, terminal EOS included; None otherwise.
+        policy_version: the weights version of the policy that generated the response: the number of training
+            steps those weights had taken (0: the initial weights). A learner at version v training the row sees it
+            ``v - policy_version`` versions stale (0 in synchronous training, 1 with ``--one_step_off``).
+        behaviour_logp: per-token log-probs of ``source_token_ids`` under the behaviour policy, as the engine that
+            sampled them computed them (temperature 1, untruncated: ``SamplingConfig.return_logprobs``), aligned
+            like ``source_logp``; empty unless ``--own_old_logp behaviour`` asked for them. When present, the
+            source's own rows take them as old log-probs (decoupled PPO); other learners still divide by
+            ``old_logp_mean`` (the scoring pass).
 
-    Equality (``==``) compares every field, ``source_logp`` by value (:func:`torch.equal`: same length, same float32
-    values), so a trajectory equals its JSON round trip.
+    Equality (``==``) compares every field, ``source_logp`` and ``behaviour_logp`` by value (:func:`torch.equal`:
+    same length, same float32 values), so a trajectory equals its JSON round trip.
     """
 
     prompt_id: str
@@ -166,6 +177,8 @@ class Trajectory:
     finish_reason: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     foreign_text: str | None = None
+    policy_version: int = 0
+    behaviour_logp: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.float32))
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_id, str) or not self.prompt_id:
@@ -192,6 +205,13 @@ class Trajectory:
             raise ValueError(
                 f"{where}.source_logp has {len(self.source_logp)} values for {len(self.source_token_ids)} token ids"
             )
+        self.behaviour_logp = _logp_tensor(self.behaviour_logp, f"{where}.behaviour_logp")
+        if len(self.behaviour_logp) and len(self.behaviour_logp) != len(self.source_token_ids):
+            raise ValueError(f"{where}.behaviour_logp has {len(self.behaviour_logp)} values for "
+                             f"{len(self.source_token_ids)} token ids")
+        if (not isinstance(self.policy_version, int) or isinstance(self.policy_version, bool)
+                or self.policy_version < 0):
+            raise ValueError(f"{where}.policy_version must be a non-negative int, got {self.policy_version!r}")
         n_actions = len(self.action_token_ids())
         if self.source_num_tokens != n_actions:
             raise ValueError(
@@ -237,7 +257,7 @@ class Trajectory:
             return NotImplemented
         for f in fields(self):
             mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if not (torch.equal(mine, theirs) if f.name == "source_logp" else mine == theirs):
+            if not (torch.equal(mine, theirs) if f.name in _TENSOR_FIELDS else mine == theirs):
                 return False
         return True
 
@@ -255,6 +275,12 @@ class Trajectory:
         if not len(self.source_logp):
             return self.source_logp
         return self.source_logp[:-1] if self._drops_terminal_eos() else self.source_logp
+
+    def action_behaviour_logp(self) -> torch.Tensor:
+        """:attr:`behaviour_logp` of the action tokens (the EOS policy applied); empty when none were kept."""
+        if not len(self.behaviour_logp):
+            return self.behaviour_logp
+        return self.behaviour_logp[:-1] if self._drops_terminal_eos() else self.behaviour_logp
 
     @property
     def old_logp_mean(self) -> float:
@@ -286,6 +312,7 @@ class Trajectory:
         out["prompt"] = self.prompt if isinstance(self.prompt, str) else [dict(m) for m in self.prompt]
         out["source_token_ids"] = list(self.source_token_ids)
         out["source_logp"] = self.source_logp.tolist()
+        out["behaviour_logp"] = self.behaviour_logp.tolist()
         out["metadata"] = dict(self.metadata)
         return out
 

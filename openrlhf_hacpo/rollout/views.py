@@ -11,7 +11,10 @@ For learner k and a trajectory from source j:
 
 Both carry the source-normalised old log-prob ``old_logp_mean = source_logp_sum / source_num_tokens``, the
 denominator of the cross-agent ratio (eq. 11 with each side normalised by its own token count); NaN for a trajectory
-not scored yet (``old_logp_from_update``: the learner fills it in before the values are used).
+not scored yet (``old_logp_from_update``: the learner fills it in before the values are used). An own row of a
+trajectory that carries the sampling engine's log-probs (``--own_old_logp behaviour``, ``Trajectory.behaviour_logp``)
+takes those as its per-token old log-probs and their mean over the L_j action tokens as its ``old_logp_mean``;
+foreign rows keep the scoring pass's mean.
 
 EOS (the paper is silent; the official codes differ): with ``eos_policy="drop"`` no row contains a terminal EOS
 action (an EOS-only response stays a single EOS action); with ``"keep"`` own rows keep the generated EOS and foreign
@@ -207,9 +210,13 @@ def build_learner_batch(
         elif cached[0] != traj.prompt:
             raise ValueError(f"prompt_id {traj.prompt_id!r} is shared by two different prompts")
         is_own = traj.source == learner
+        old_mean = traj.old_logp_mean if traj.source_logp_sum is not None else math.nan
         if is_own:
             response_ids = traj.action_token_ids()
             old_logp = traj.action_logp()  # the scorer's float32 values, not copied
+            if len(traj.behaviour_logp):  # --own_old_logp behaviour: the sampling engine's values
+                old_logp = traj.action_behaviour_logp()
+                old_mean = math.fsum(old_logp.tolist()) / traj.source_num_tokens
             if not len(old_logp):
                 old_logp = None
         else:
@@ -230,7 +237,7 @@ def build_learner_batch(
                 is_own=is_own,
                 source=traj.source,
                 reward=float(traj.reward),
-                old_logp_mean=traj.old_logp_mean if traj.source_logp_sum is not None else math.nan,
+                old_logp_mean=old_mean,
                 old_logp=old_logp,
                 prompt_truncated=p_trunc,
                 response_truncated=r_trunc,

@@ -3,7 +3,8 @@
 Layout under the checkpoint folder (``--ckpt_path``, default ``<save_path>/checkpoints``)::
 
     global_step4/
-        trainer_state.pt      step, data-loader cursor, capability tracker, driver RNG states, config fingerprint
+        trainer_state.pt      step, data-loader cursor, capability tracker, driver RNG states, config fingerprint,
+                              and with --one_step_off the next step's batch (generated, scored, verified)
         trainer_state.json    the same facts that are JSON-safe (for people and tools)
         agents/<name>/        each agent's DeepSpeed checkpoint (weights, optimizer, lr scheduler) + worker RNG
     latest                    "global_step4"
@@ -51,6 +52,8 @@ _STALE_OLD = re.compile(r"^\.(global_step\d+)\.old-.+$")
 STATE_FILE = "trainer_state.pt"
 STATE_JSON = "trainer_state.json"
 LATEST = "latest"
+# trainer-state entries too large for the JSON summary: the batch in flight (--one_step_off, trainer/in_flight.py)
+_NOT_SUMMARISED = frozenset({"in_flight"})
 # head room kept free on top of the estimated checkpoint size
 _SPACE_MARGIN = 1.1
 
@@ -204,7 +207,7 @@ class CheckpointManager:
                             f"checkpoint {final.name} was not saved: " + "; ".join(problems) + ". The latest "
                             f"checkpoint stays {previous}" + ("" if previous != "none" else " (none yet)"))
                 torch.save(trainer_state, tmp / STATE_FILE)
-                summary = {k: v for k, v in trainer_state.items() if _json_ok(v)}
+                summary = {k: v for k, v in trainer_state.items() if k not in _NOT_SUMMARISED and _json_ok(v)}
                 (tmp / STATE_JSON).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n",
                                               encoding="utf-8")
             atomic_write_text(self.root / LATEST, final.name + "\n")

@@ -12,8 +12,15 @@ One step t:
 4. **update**: every learner, concurrently, trains on its view of the step's trajectories (own and, for
    ``hacpo`` / ``naive``, foreign) with mini-batch updates m = 0, 1, ...; all learners use the same pre-step
    snapshots, so their order cannot matter;
-5. **sync**: updated weights go to the agent's vLLM engines (``vllm`` backend);
+5. **sync**: updated weights go to the agent's engines (``vllm``, ``hf_engine`` backends);
 6. **bookkeeping**: one metrics record per agent, periodic evaluation, joint checkpoints.
+
+With ``--one_step_off`` steps 1–2 of step t+1 run during step 4 of step t: the next batch's prompts are rendered,
+the learners' updates queued, then the next rollouts; the engines (still holding the weights of step t-1) generate
+while the learners train, the scoring passes follow the updates on the policy actors, the rewards are verified once
+the rollouts are in, and the sync after both gives the engines the weights of step t. Rows trained at step t >= 2 are
+thus exactly one version stale (``Trajectory.policy_version``, ``rollout/staleness_*``); the batch in flight is
+saved with every checkpoint (:mod:`~openrlhf_hacpo.trainer.in_flight`). The last step generates nothing.
 
 Sampling is seeded by (run seed, step, agent), so a run resumed from a checkpoint samples exactly what an
 uninterrupted run would have.
@@ -38,6 +45,7 @@ from openrlhf_hacpo.engines.node_plan import PLACEMENT_FILE, AgentPlacement, nod
 from openrlhf_hacpo.utils.seeding import derive_seed
 from openrlhf_hacpo.rollout import RewardFunctionError, RewardRunner, RolloutStore
 from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
+from openrlhf_hacpo.trainer.in_flight import GeneratedBatch
 from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state
 from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.trainer.evaluation import Evaluator
@@ -105,6 +113,8 @@ class HACPOController:
         # <save_path>/train.log once this run logs there (the command line appends the final error to it)
         self.run_log: Path | None = None
         self._resume_state: tuple[Path, dict[str, Any]] | None = None
+        # --one_step_off: the next step's batch, generated while this step trained (trainer/in_flight.py)
+        self.in_flight: GeneratedBatch | None = None
         self.reward_watch = RewardStallWatcher(cfg.agent_names, cfg.reward_fn, cfg.reward_stall_steps)
         # taken before preflight resolves hub ids to local folders, so a resume compares the settings as given
         self.fingerprint = config_fingerprint(cfg)
@@ -351,24 +361,21 @@ class HACPOController:
                               seed=derive_seed(cfg.seed, "rollout", step, agent))
 
     def train_one_step(self) -> list[dict[str, Any]]:
-        """Run one full step (rollout, reward, capability, update, sync); returns one record per agent."""
+        """Run one full step (rollout, reward, capability, update, sync); returns one record per agent.
+
+        With ``--one_step_off`` the step's batch was generated during the previous step (except the first step's and
+        a resumed run's first batch without one in flight), and the next step's batch is generated while the
+        learners train (:meth:`_train_and_generate`)."""
         cfg, step = self.cfg, self.step + 1
         timer = PhaseTimer()
         with timer.phase("step"):
-            prompts = self.dataloader.next_batch()
-
-            # 1) rollouts of every agent on the same prompts, concurrently
-            with timer.phase("rollout_phase"):
-                rollouts: list[RolloutResult] = wait_all([g.rollout(prompts, self.sampling_for(step, g.name), step)
-                                                          for g in self.groups])
-            trajectories = [t for r in rollouts for t in r.trajectories]
-
-            # 2) one verification per trajectory
-            with timer.phase("reward"):
-                try:
-                    self.reward_runner.score_trajectories(trajectories)
-                except RewardFunctionError as err:
-                    raise RewardFunctionError(f"step {step}: {err}") from err
+            batch, self.in_flight = self.in_flight, None
+            generated_now = batch is None
+            if generated_now:
+                batch = self._generate(step, self.dataloader.next_batch())
+            if batch.step != step:
+                raise TrainingError(f"step {step}: the batch in flight was generated for step {batch.step}")
+            rollouts, trajectories = batch.rollouts, batch.trajectories
             self.reward_watch.update(step, [[t.reward for t in trajectories if t.source == k]
                                             for k in range(cfg.num_agents)])
             self.store.add(trajectories)
@@ -380,20 +387,9 @@ class HACPOController:
                 capability = self.tracker.update(per_agent)
                 ratios = self.tracker.ratios()
 
-            # 4) every learner from the same pre-step snapshots, concurrently
-            with timer.phase("train_phase"):
-                shared: Any = trajectories
-                if cfg.use_ray:
-                    import ray
-
-                    shared = ray.put(trajectories)  # one copy in the object store for every learner
-                if not cfg.old_logp_from_update:
-                    trained: list[TrainStepResult] = wait_all([g.train_step(shared, step, ratios)
-                                                               for g in self.groups])
-                else:  # own rows first, their old log-probs to every learner, then the rest (actors/first_update)
-                    own = wait_all([g.train_own_rows_first(shared, step, ratios) for g in self.groups])
-                    old_means = record_old_logps(trajectories, own)
-                    trained = wait_all([g.train_finish(old_means) for g in self.groups])
+            # 4) every learner from the same pre-step snapshots, concurrently (and the next batch's generation)
+            versions = [g.policy_version for g in self.groups]
+            trained, self.in_flight = self._train_and_generate(step, trajectories, ratios, timer)
             if cfg.save_rollouts:  # after training: with old_logp_from_update the learners scored them
                 self.store.dump_jsonl(step, Path(cfg.save_path) / "rollouts" / f"step_{step:06d}.jsonl")
 
@@ -403,11 +399,82 @@ class HACPOController:
 
         summary = self.store.summary(step)
         names = [g.name for g in self.groups]
+        # the driver's waits of this step: for its own batch (generated now) or for the next one (generated meanwhile)
+        waited = batch.phases if generated_now else self.in_flight.phases if self.in_flight is not None else {}
+        phases = {"rollout_phase": 0.0, "reward": 0.0, **timer.seconds, **waited}
         records = [agent_step_record(step, k, names, summary[k], [t for t in trajectories if t.source == k],
-                                     capability, ratios, rollout, result, timer.seconds, sync_s[k])
+                                     capability, ratios, rollout, result, phases, sync_s[k],
+                                     staleness=[versions[k] - t.policy_version for t in self._rows_of(k, trajectories)])
                    for k, (rollout, result) in enumerate(zip(rollouts, trained))]
         self.history.append(records)
         return records
+
+    def _rows_of(self, learner: int, trajectories: Sequence[Any]) -> list[Any]:
+        """The trajectories learner ``learner`` trains on: every agent's (``hacpo``, ``naive``) or its own."""
+        if self.cfg.algo.trains_on_foreign:
+            return list(trajectories)
+        return [t for t in trajectories if t.source == learner]
+
+    def _start_rollouts(self, step: int, prompts: Sequence[Any], rendered: Sequence[Any] | None = None) -> list[Pending]:
+        """Every agent's rollout of ``prompts`` for ``step``, started (``rendered``: each agent's rendering)."""
+        rendered = rendered if rendered is not None else [None] * len(self.groups)
+        return [g.rollout(prompts, self.sampling_for(step, g.name), step, **({"rendered": r} if r is not None else {}))
+                for g, r in zip(self.groups, rendered)]
+
+    def _finish_rollouts(self, step: int, pendings: Sequence[Pending]) -> GeneratedBatch:
+        """Wait for the rollouts (the ``rollout_phase``), verify every trajectory once (``reward``)."""
+        timer = PhaseTimer()
+        with timer.phase("rollout_phase"):
+            rollouts: list[RolloutResult] = wait_all(pendings)
+        batch = GeneratedBatch(step=step, rollouts=rollouts)
+        with timer.phase("reward"):
+            try:
+                self.reward_runner.score_trajectories(batch.trajectories)
+            except RewardFunctionError as err:
+                raise RewardFunctionError(f"step {step}: {err}") from err
+        batch.phases = dict(timer.seconds)
+        return batch
+
+    def _generate(self, step: int, prompts: Sequence[Any]) -> GeneratedBatch:
+        """1) rollouts of every agent on the same prompts, concurrently; 2) one verification per trajectory."""
+        return self._finish_rollouts(step, self._start_rollouts(step, prompts))
+
+    def _shared(self, trajectories: list[Any]) -> Any:
+        """The step's trajectories as every learner receives them: with Ray one copy in the object store."""
+        if not self.cfg.use_ray:
+            return trajectories
+        import ray
+
+        return ray.put(trajectories)
+
+    def _train_and_generate(self, step: int, trajectories: list[Any], ratios: Any,
+                            timer: PhaseTimer) -> tuple[list[TrainStepResult], GeneratedBatch | None]:
+        """Every learner's update on ``trajectories``; with ``--one_step_off`` (and a next step to come) the next
+        step's batch too, generated by the engines meanwhile (they hold the weights of the previous step).
+
+        Order of calls (each agent's policy actor runs its calls in the order they arrive): the next batch's prompts
+        are rendered first, then every ``train_step`` is queued, then every rollout; the rollouts' scoring passes
+        therefore run after the updates, at the new weights (``--own_old_logp recompute``), while the engines
+        generate during the updates. The next batch's rewards are verified once its rollouts are in."""
+        cfg = self.cfg
+        overlap = cfg.one_step_off and step < self.total_steps
+        rendered: list[Any] | None = None
+        if overlap:
+            prompts = self.dataloader.next_batch()
+            rendered = wait_all([g.render_for_rollout(prompts) for g in self.groups])
+        with timer.phase("train_phase"):
+            shared = self._shared(trajectories)
+            if not cfg.old_logp_from_update:
+                training = [g.train_step(shared, step, ratios) for g in self.groups]
+                generating = self._start_rollouts(step + 1, prompts, rendered) if overlap else None
+                trained: list[TrainStepResult] = wait_all(training)
+            else:  # own rows first, their old log-probs to every learner, then the rest (actors/first_update)
+                own = wait_all([g.train_own_rows_first(shared, step, ratios) for g in self.groups])
+                old_means = record_old_logps(trajectories, own)
+                trained = wait_all([g.train_finish(old_means) for g in self.groups])
+                generating = None
+        next_batch = self._finish_rollouts(step + 1, generating) if generating is not None else None
+        return trained, next_batch
 
     # ------------------------------------------------------------------------------------------------ evaluation
     def evaluate(self) -> list[dict[str, Any]]:
@@ -431,6 +498,8 @@ class HACPOController:
             "rng": capture_rng_state(cuda=False),
             "seed": self.cfg.seed,
             "fingerprint": self.fingerprint,
+            # --one_step_off: the next step's batch, generated by weights no checkpoint keeps
+            **({"in_flight": self.in_flight.state_dict()} if self.in_flight is not None else {}),
         }
 
     def save_checkpoint(self) -> Path:
@@ -496,6 +565,11 @@ class HACPOController:
         self.tracker.load_state_dict(state["tracker"])
         restore_rng_state(state["rng"])
         self.last_checkpoint = checkpoint
+        if "in_flight" in state:
+            self.in_flight = GeneratedBatch.from_state(state["in_flight"], self.cfg.num_agents,
+                                                       f"checkpoint {checkpoint}")
+        for group in self.groups:  # the weights every group now holds (its engines too, after the sync below)
+            group.policy_version = self.step
         # the engines were built from `pretrain`: the first rollout must sample from the restored weights
         self._guard(lambda: [g.sync_weights() for g in self.groups], f"syncing the weights of {checkpoint}")
         logger.info("resumed from %s (step %d)", checkpoint, self.step)

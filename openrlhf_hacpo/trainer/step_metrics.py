@@ -7,6 +7,9 @@ reports), ``time/wait`` (how long the agent idled inside the rollout and trainin
 and the driver's ``time/reward``, ``time/capability``, ``time/sync``, ``time/rollout_phase``, ``time/train_phase``,
 ``time/step``. Work: ``perf/tokens_generated``, and from the learner ``perf/rows_trained`` / ``perf/tokens_trained``
 (rows of its view) and ``perf/rows_backward`` / ``perf/tokens_backward`` (those that went through a backward pass).
+Staleness: ``rollout/staleness_max`` / ``rollout/staleness_mean``, over the rows the learner trains on, of its
+weights version minus the version that generated the row (0 in synchronous training, 1 with ``--one_step_off`` from
+step 2 on).
 """
 from __future__ import annotations
 
@@ -30,12 +33,14 @@ ROLLOUT_PHASES = ("generate", "scoring")
 def agent_step_record(step: int, agent: int, agent_names: Sequence[str], summary: Mapping[str, float],
                       own: Sequence[Trajectory], capability: CapabilityStep, ratios: CapabilityRatios,
                       rollout: RolloutResult, trained: TrainStepResult, phases: Mapping[str, float],
-                      sync_s: float) -> dict[str, Any]:
+                      sync_s: float, staleness: Sequence[int] = ()) -> dict[str, Any]:
     """The record of agent ``agent`` for ``step``: rewards and responses of its rollouts (``summary``: the
     :meth:`~openrlhf_hacpo.rollout.RolloutStore.summary` entry of the agent), capability, phase times, update
     counts, ω to every other agent and the learner's own metrics.
 
     ``phases`` holds the driver's seconds: ``rollout_phase``, ``reward``, ``capability``, ``train_phase``, ``step``.
+    ``staleness`` holds, per row the learner trains on, its version minus the row's ``policy_version``
+    (``rollout/staleness_max`` and ``rollout/staleness_mean``; absent when empty).
     """
     sampler = {name: float(rollout.timings.get(name, 0.0)) for name in ROLLOUT_PHASES}
     learner = {name: float(trained.timings.get(name, 0.0)) for name in LEARNER_PHASES}
@@ -71,6 +76,9 @@ def agent_step_record(step: int, agent: int, agent_names: Sequence[str], summary
         "skipped_updates": trained.skipped_updates_total,
         "skipped_updates/step": trained.skipped_updates,
     }
+    if len(staleness):
+        rec["rollout/staleness_max"] = float(max(staleness))
+        rec["rollout/staleness_mean"] = float(np.mean(staleness))
     weights = ratios.baseline_weights(agent)
     for j, name in enumerate(agent_names):
         if j != agent:
