@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from restricted_site import restricted_python
+import train_check_cache
+from train_check_cache import DEPS, TORCH_EXTENSIONS, build_deps
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,18 +26,15 @@ def _run(args: list[str], timeout: float, **env: str) -> subprocess.CompletedPro
     return subprocess.run(args, cwd=REPO, env=_env(**env), capture_output=True, text=True, timeout=timeout)
 
 
-# Kept in the project's cache folder, as the zoo's agents are: the train check's DeepSpeed op build (below) and the
-# restricted Python whose torch headers it compiles against, each at one place per checkout.
-CACHE = Path(os.environ.get("HACPO_CACHE_DIR") or REPO / ".cache") / "gpu_train_check"
+# Kept in the project's cache folder (tests/gpu_stack/train_check_cache.py), as the zoo's agents are: the train check's
+# DeepSpeed op build (below) and the restricted Python whose torch headers it compiles against, each at one place per
+# checkout; scripts/install.sh builds that op there ahead.
 
 
 @pytest.fixture(scope="module")
 def gpu_image_python() -> Path:
-    """The restricted Python, written afresh each session at a fixed place (its links lead to this interpreter's
-    packages, so the torch include paths of a build against it stay the same)."""
-    root = CACHE / "gpu_image"
-    shutil.rmtree(root, ignore_errors=True)  # links only: rmtree removes a link, never what it points to
-    return restricted_python(root)
+    """The restricted Python, written afresh each session at a fixed place (train_check_cache.gpu_image_python)."""
+    return train_check_cache.gpu_image_python()
 
 
 @pytest.mark.integration
@@ -69,11 +66,12 @@ def test_the_train_check_passes_on_cpu_with_deepspeed_from_the_carried_folder(gp
     # JIT-compiles from its sources is kept beside it. The op's build command names the folder's and the restricted
     # Python's include paths, so it is a build of its own, apart from the ops scripts/install.sh prebuilt for the .venv
     # in the shared TORCH_EXTENSIONS_DIR (which it would otherwise rebuild over); and as those paths stay the same and
-    # build_carry_deps.sh copies files with their times, ninja finds that build up to date in every later session
-    # (the first compiles it: over a minute on 2 cores). The offload configurations are left out here: on a CPU they
-    # would compile cpu_adam as well, and tests/gpu_stack/test_offload.py checks them with the .venv's prebuilt op.
-    deps = CACHE / "deps"
-    built = _run(["bash", "benchmarks/build_carry_deps.sh", "--out", str(deps)], 300)
+    # build_carry_deps.sh copies files with their times, ninja finds the build that scripts/install.sh made there
+    # (train_check_cache.prebuild) up to date (without it, the first session compiles it: over a minute on 2 cores).
+    # The offload configurations are left out here: on a CPU they would compile cpu_adam as well, and
+    # tests/gpu_stack/test_offload.py checks them with the .venv's prebuilt op.
+    deps = DEPS
+    built = build_deps()
     assert built.returncode == 0, built.stderr
     info = json.loads((deps / "BUILD_INFO.json").read_text())
     size = sum(p.stat().st_size for p in deps.rglob("*") if p.is_file() and p.name != "BUILD_INFO.json")
@@ -82,7 +80,7 @@ def test_the_train_check_passes_on_cpu_with_deepspeed_from_the_carried_folder(gp
     report = tmp_path / "report.md"
     done = _run(["bash", "benchmarks/gpu_train_check.sh", "--device", "cpu", "--out", str(tmp_path / "out"),
                  "--report", str(report), "--no_offload"], 1800, PYTHON=str(gpu_image_python), HACPO_GPU_DEPS=str(deps),
-                TORCH_EXTENSIONS_DIR=str(CACHE / "torch_extensions"))
+                TORCH_EXTENSIONS_DIR=str(TORCH_EXTENSIONS))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"DeepSpeed and its dependencies from {deps}" in done.stdout
     text = report.read_text()
