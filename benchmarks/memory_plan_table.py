@@ -6,7 +6,8 @@ options one after another. Estimates, not measurements. Writes ``benchmarks/resu
     python benchmarks/memory_plan_table.py [--out benchmarks/results/memory_plan.md]
 
 Setting of the paper's launcher (``examples/scripts/train_table1.sh``): bf16, micro-batch 4 rows of 1024 prompt +
-8196 response tokens, the fused log-prob head, a KL reference model, flash / sdpa attention; engines at vLLM's
+8196 response tokens, 512 rows per update (so gradient accumulation over 512 / (4 x dp) micro-batches), the fused
+log-prob head, a KL reference model, flash / sdpa attention, DeepSpeed's default reduce bucket; engines at vLLM's
 default utilisation (0.95 dedicated, 0.5 colocated with sleep mode).
 """
 from __future__ import annotations
@@ -40,6 +41,8 @@ MODELS = {  # the models' config.json values that the plan reads
 }
 SETTING = dict(bf16=True, micro_batch=4, prompt_len=1024, response_len=8196, logprob_path="fused",
                attn_implementation="flash_attention_2", reference=True)
+TRAIN_BATCH_SIZE = 512
+"""The launcher's ``--train_batch_size``: rows per optimizer update over an agent's ranks."""
 # per agent: (label, dp, ZeRO stage, engines (TP 1), colocated)
 LAYOUTS = {
     2: [("dp 2 + 2 engines", 2, 2, 2, False), ("dp 2 + 2 engines", 2, 3, 2, False),
@@ -80,7 +83,9 @@ def render() -> str:
              "(`openrlhf_hacpo/trainer/memory_plan.py`); **estimates, not measured on a GPU**. Per cell: the peak "
              f"GiB of the agent's fullest policy GPU (of {GPU_BYTES / GIB:.1f} GiB), whether every GPU of the agent "
              "fits (a dedicated engine GPU holds 0.95 of its memory), and with offload the "
-             "agent's host memory in GiB. bf16, micro-batch 4 x (1024 + 8196) tokens, fused log-prob head, KL "
+             "agent's host memory in GiB. bf16, micro-batch 4 x (1024 + 8196) tokens, "
+             f"{TRAIN_BATCH_SIZE} rows per update (gradient accumulation), DeepSpeed's gradient buffers and its "
+             "default reduce bucket (5e8 elements, 0.93 GiB in bf16), fused log-prob head, KL "
              "reference on policy GPU 0 (none with LoRA), engines TP 1 at 0.95 (dedicated) or 0.5 with sleep mode "
              "(colocated). Each agent of a team has the same layout; a team of three uses 6 of the 8 GPUs.", "",
              "| agents | model | parameters | per agent | ZeRO | " + " | ".join(c for c, _ in OPTIONS) + " |",
@@ -92,12 +97,15 @@ def render() -> str:
                 assert agents * gpus <= NODE_GPUS, (agents, label)
                 layout = AgentLayout(model, shape(model), dp=dp, zero_stage=stage, engines=engines,
                                      colocated=colocated, engine_utilization=0.5 if colocated else 0.95,
-                                     engine_sleep=colocated, **SETTING)
+                                     engine_sleep=colocated, **SETTING,
+                                     accumulation_steps=max(1, TRAIN_BATCH_SIZE // (SETTING["micro_batch"] * dp)))
                 cells = [cell(layout, change) for _, change in OPTIONS]
                 lines.append(f"| {agents} | {model} | {layout.shape.parameters() / 1e9:.2f} B | {label} | {stage} | "
                              + " | ".join(cells) + " |")
     lines += ["", "Host memory: `adam_offload` keeps the fp32 master weights, Adam moments and fp32 gradient "
-              "partition (16 bytes per parameter, over the agent's ranks) in host RAM; `param_offload` adds the bf16 "
+              "partition (16 bytes per parameter, over the agent's ranks) in host RAM, and DeepSpeed's bf16 "
+              "buffers beside them (ZeRO-2: the copy-back buffer and the accumulated gradients, 4 bytes per "
+              "parameter; ZeRO-3: the gradient partition, 2 bytes); `param_offload` adds the bf16 "
               "weights; colocated engines asleep keep their weights there. A node holds every agent's share.", ""]
     return "\n".join(lines)
 

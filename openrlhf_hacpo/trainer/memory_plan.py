@@ -11,11 +11,42 @@ bytes. Sharding over the ranks follows ZeRO (:math:`[\cdot]` is 1 when true, els
 .. math::
 
     \text{weights} = \frac{w P}{d^{[z=3]}}, \quad \text{master} = \frac{4 P_t}{d^{[z\ge1]}}\,[\text{bf16} \lor
-    z \in \{1, 2\} \lor (z = 3 \land \text{adam\_offload})], \quad
-    \text{gradients} = \frac{w P_t}{d^{[z\ge2]}}, \quad \text{optimizer} = \frac{8 P_t}{d^{[z\ge1]}}
+    z \in \{1, 2\} \lor (z = 3 \land \text{adam\_offload})], \quad \text{optimizer} = \frac{8 P_t}{d^{[z\ge1]}}
 
 (with LoRA the weights are the frozen base and the adapters, :math:`w (P + P_t)`, and :math:`P_t` counts only
-the adapters). Activations of one micro-batch of :math:`T = m s` tokens, with :data:`ACTIVATION_FACTOR` :math:`k`
+the adapters). Gradients are counted as the buffers DeepSpeed 0.19.6 holds (``runtime/zero/stage_1_and_2.py``,
+``runtime/zero/stage3.py``, with the project's ``contiguous_gradients`` on and ``overlap_comm`` off), in two
+phases of an update: the **backward** pass of the last micro-batch (with the activations) and the **optimizer
+step** (without them). :math:`g = w P_t / d^{[z=2]}` is a rank's gradient partition, :math:`a` the gradient
+accumulation steps (``train_batch_size / (micro_train_batch_size · d)``), :math:`B` the reduce bucket's elements
+(:data:`REDUCE_BUCKET_ELEMENTS`), :math:`E` the largest trainable parameter's elements:
+
+* ZeRO-1/2: the backward pass fills the IPG bucket (``setup_buckets``: ``torch.empty(reduce_bucket_size)`` in the
+  model dtype, :math:`w B`; freed at the backward epilogue) and copies the rank's gradients into a new partition
+  (``copy_grads_in_partition``: ``grads_in_partition``, :math:`g`); with :math:`a > 1` the partition of the earlier
+  micro-batches is kept to add the new one into (``all_grad_tensors``): backward :math:`g (1 + [a > 1]) + w B`. The
+  step (``step()``) flattens the partition into a new tensor (``flatten(averaged_gradients)``), converts it to
+  fp32 (a third tensor in bf16), frees the partition and runs AdamW, whose denominator is one more fp32
+  temporary (:data:`ADAM_STEP_TEMP_BYTES`): step :math:`\max(2w + 4[w \ne 4],\ 4 + 4)\,P_t / d`, i.e.
+  :math:`8 P_t / d` in fp32 and bf16 alike.
+* ZeRO-3: the bucket (:math:`w B`, allocated at initialisation) and the flat gradient partition
+  (``grad_partitions_flat_buffer``, :math:`w P_t / d`) are kept all the time; the step updates one sub-group at a
+  time (``_create_fp16_sub_groups``: parameters in order until their partitions reach :math:`S`,
+  :data:`SUB_GROUP_ELEMENTS`) and adds its flattened fp32 copy (``_prepare_fp32_grad_for_sub_group``) and AdamW's
+  temporary, :math:`8 \min(P_t / d,\ S + E / d)`.
+* ``adam_offload``: gradients go from the bucket straight to host memory; the device keeps the bucket during the
+  backward pass and ``temp_grad_buffer_for_gpu_offload`` (:math:`w E`, ZeRO-1/2). The host holds, besides the
+  fp32 master weights, moments and fp32 gradient partition (:data:`OFFLOADED_GRADIENT_BYTES`), under ZeRO-1/2 the
+  buffer the updated weights are copied back through (``param_buffer_of_bit16_for_cpu_offload_groups``,
+  :math:`w P_t / d`), the accumulated gradients with :math:`a > 1` (``accumulated_grads_in_cpu``, :math:`w P_t /
+  d`) and ``temp_grad_buffer_for_cpu_offload`` (:math:`w E`); under ZeRO-3 the flat gradient partition
+  (:math:`w P_t / d`).
+* ZeRO-0: the gradients :math:`w P_t`, and at the step AdamW's temporary :math:`4 P_t` beside them.
+
+The backward count adds the activations of the whole micro-batch to every gradient buffer of the pass, an upper
+bound: the activations are freed layer by layer while the bucket fills.
+
+Activations of one micro-batch of :math:`T = m s` tokens, with :data:`ACTIVATION_FACTOR` :math:`k`
 values per token, hidden unit and layer kept for the backward pass:
 
 .. math::
@@ -46,14 +77,17 @@ Where each part sits:
   take :math:`u G` of the GPUs they share with the policy while they generate, and with sleep mode (the colocated
   default) nothing but their process's CUDA context while the policy trains, their weights then in host memory.
 
-A policy GPU's total is its peak phase: training (states + activations + log-prob head + reference + an awake
-engine) or, colocated, generation (states, or none with ``deepspeed_enable_sleep``, + reference + the engine). The
+A policy GPU's total is its peak phase: the backward pass (``train``: states + its gradient buffers +
+activations + log-prob head + reference + an awake engine), the optimizer step (``step``: states + its gradient
+buffers + reference + an awake engine) or, colocated, generation (the states kept between updates, or none with
+``deepspeed_enable_sleep``, + reference + the engine). The
 policy process's tensors are scaled by :data:`ALLOCATOR_OVERHEAD` and its CUDA context adds
 :data:`CUDA_CONTEXT_BYTES`, as does a sleeping engine's (an awake engine's context is inside its budget). Without
 Ray (``--no_ray``) every agent's worker shares one process and one GPU, so their GPU-0 rows add up.
 
 Not counted: the HF backend's generation KV cache, no-gradient scoring passes (smaller than a training
-micro-batch), DeepSpeed's communication buckets and NCCL buffers beyond the overhead factor.
+micro-batch), DeepSpeed's all-gather buckets and NCCL buffers beyond the overhead factor, ZeRO-1's gradients of
+the other ranks' partitions during its backward pass (counted as the unsharded :math:`w P_t`).
 """
 from __future__ import annotations
 
@@ -68,9 +102,10 @@ from hacpo_kernels.fused_linear_logprobs import DEFAULT_CHUNK_SIZE, DEFAULT_VOCA
 from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.engines.settings import resolve_engine_settings
 
-__all__ = ["ACTIVATION_FACTOR", "ALLOCATOR_OVERHEAD", "CUDA_CONTEXT_BYTES", "GIB", "LORA_SUGGESTED_RANK",
-           "AgentLayout", "GpuRow", "MemoryPlan", "ModelShape", "agent_layouts", "detect_gpu_bytes",
-           "fitting_options", "gpu_bytes_of", "launch_memory_plan", "plan_agent", "plan_run"]
+__all__ = ["ACTIVATION_FACTOR", "ADAM_STEP_TEMP_BYTES", "ALLOCATOR_OVERHEAD", "CUDA_CONTEXT_BYTES", "GIB",
+           "LORA_SUGGESTED_RANK", "REDUCE_BUCKET_ELEMENTS", "SUB_GROUP_ELEMENTS",
+           "AgentLayout", "GpuRow", "MemoryPlan", "ModelShape", "PolicyPhases", "agent_layouts", "detect_gpu_bytes",
+           "fitting_options", "gpu_bytes_of", "launch_memory_plan", "plan_agent", "plan_run", "policy_phases"]
 
 GIB = 2**30
 
@@ -80,8 +115,24 @@ on recent GPUs; the upper end is taken). Counted for the policy process and for 
 awake engine's is inside its ``gpu_memory_utilization`` budget)."""
 
 ALLOCATOR_OVERHEAD = 1.10
-"""Factor on the policy process's tensor bytes for the caching allocator's fragmentation and DeepSpeed's
-temporary buffers (gradient buckets, the fp32 gradient copy of the optimizer step)."""
+"""Factor on the policy process's tensor bytes for the caching allocator's fragmentation and temporaries the plan
+does not list (DeepSpeed's gradient buffers are listed: see the module's docstring)."""
+
+REDUCE_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's default ``reduce_bucket_size`` (elements), which the project's DeepSpeed config does not change: with
+``contiguous_gradients`` ZeRO-1/2 allocate a bucket of this many elements in the model dtype at every backward pass
+(``DeepSpeedZeroOptimizer.setup_buckets``) and ZeRO-3 one at initialisation (``DeepSpeedZeroOptimizer_Stage3``).
+On a GPU the whole bucket is allocated (1 GB in bf16); on a CPU only the pages written are resident, at most
+``min(B, P_t)`` elements (:attr:`AgentLayout.bucket_elements` lets a CPU estimate say so)."""
+
+SUB_GROUP_ELEMENTS = 1_000_000_000
+"""DeepSpeed's default ``sub_group_size`` (``DeepSpeedZeroConfig``; the project's config does not set it): ZeRO-3
+steps a rank's partition in sub-groups of about this many elements, so its step temporaries are per sub-group."""
+
+ADAM_STEP_TEMP_BYTES = 4
+"""torch AdamW's fp32 temporary per weight of the group it steps: the denominator ``sqrt(v) / c + eps``
+(``torch.optim.adam._multi_tensor_adam``: ``torch._foreach_sqrt(exp_avg_sqs)``, the foreach path of CUDA tensors;
+the single-tensor path of CPU tensors briefly holds two)."""
 
 ACTIVATION_FACTOR = 17
 """Values kept per token, hidden unit and layer for the backward pass of a decoder layer with a fused (sdpa /
@@ -98,7 +149,8 @@ ADAM_BYTES = 8
 """Adam's two fp32 moments per trainable weight."""
 
 OFFLOADED_GRADIENT_BYTES = 4
-"""DeepSpeed's fp32 gradient partition that the CPU optimizer steps on, with ``adam_offload``."""
+"""DeepSpeed's fp32 gradient partition that the CPU optimizer steps on, with ``adam_offload``
+(``single_partition_of_fp32_groups[i].grad`` under ZeRO-1/2, the sub-groups' ``grad`` buffers under ZeRO-3)."""
 
 LORA_SUGGESTED_RANK = 64
 """The LoRA rank a refusal tries."""
@@ -185,9 +237,11 @@ class ModelShape:
         head = 0 if self.tied else self.vocab * self.hidden
         return self.vocab * self.hidden + self.layers * self.layer_parameters() + self.hidden + head
 
-    def lora_parameters(self, rank: int, target_modules: str) -> int:
-        """LoRA's trainable parameters, ``rank x (in + out)`` per targeted linear module and layer; ``all-linear``
-        targets every linear module of the decoder layers (peft's meaning: not the LM head)."""
+    def largest_parameter(self) -> int:
+        """Elements of the largest parameter tensor: the embedding ``V x H`` or a layer's largest matrix."""
+        return max([self.vocab * self.hidden] + [a * b for a, b in self.linears().values()])
+
+    def _lora_targets(self, target_modules: str) -> list[str]:
         lin = self.linears()
         names = list(lin) if target_modules == "all-linear" else [n.strip() for n in target_modules.split(",")
                                                                    if n.strip()]
@@ -195,7 +249,18 @@ class ModelShape:
         if unknown or not names:
             raise ValueError(f"target_modules={target_modules!r}: the memory plan knows the modules "
                              f"{', '.join(_LINEAR_MODULES)} and all-linear, not {unknown or 'an empty list'}")
-        return self.layers * sum(rank * (lin[n][0] + lin[n][1]) for n in names)
+        return names
+
+    def largest_lora_parameter(self, rank: int, target_modules: str) -> int:
+        """Elements of the largest LoRA matrix: ``rank x max(in, out)`` over the targeted modules."""
+        lin = self.linears()
+        return max(rank * max(lin[n]) for n in self._lora_targets(target_modules))
+
+    def lora_parameters(self, rank: int, target_modules: str) -> int:
+        """LoRA's trainable parameters, ``rank x (in + out)`` per targeted linear module and layer; ``all-linear``
+        targets every linear module of the decoder layers (peft's meaning: not the LM head)."""
+        lin = self.linears()
+        return self.layers * sum(rank * (lin[n][0] + lin[n][1]) for n in self._lora_targets(target_modules))
 
 
 # ---------------------------------------------------------------------------------------------------- layouts
@@ -226,10 +291,15 @@ class AgentLayout:
     param_offload: bool = False
     deepspeed_enable_sleep: bool = False
     ref_reward_offload: bool = False
+    accumulation_steps: int = 1
+    bucket_elements: int = REDUCE_BUCKET_ELEMENTS
 
     def __post_init__(self) -> None:
         if self.param_offload and self.zero_stage != 3:
             raise ValueError(f"agent {self.name!r}: param_offload needs zero_stage 3, got {self.zero_stage}")
+        if self.accumulation_steps < 1 or self.bucket_elements < 0:
+            raise ValueError(f"agent {self.name!r}: accumulation_steps must be >= 1 and bucket_elements >= 0, got "
+                             f"{self.accumulation_steps} and {self.bucket_elements}")
 
     @property
     def weight_bytes(self) -> int:
@@ -240,6 +310,13 @@ class AgentLayout:
         if self.lora_rank > 0:
             return self.shape.lora_parameters(self.lora_rank, self.target_modules)
         return self.shape.parameters()
+
+    @property
+    def largest_trainable(self) -> int:
+        """Elements of the largest tensor the optimizer holds (DeepSpeed sizes its offload copy buffers by it)."""
+        if self.lora_rank > 0:
+            return self.shape.largest_lora_parameter(self.lora_rank, self.target_modules)
+        return self.shape.largest_parameter()
 
     @property
     def policy_gpus(self) -> int:
@@ -277,14 +354,16 @@ def agent_layouts(cfg: TrainConfig, model_configs: Mapping[str, Any]) -> list[Ag
             lora_rank=int(option("lora_rank", 0) or 0), target_modules=str(option("target_modules", "all-linear")),
             adam_offload=bool(option("adam_offload", False)), param_offload=bool(option("param_offload", False)),
             deepspeed_enable_sleep=bool(option("deepspeed_enable_sleep", False)),
-            ref_reward_offload=bool(option("ref_reward_offload", False))))
+            ref_reward_offload=bool(option("ref_reward_offload", False)),
+            accumulation_steps=max(1, cfg.train_batch_size // (cfg.micro_train_batch_size * agent.dp_size))))
     return out
 
 
 # ---------------------------------------------------------------------------------------------------- rows
-COMPONENTS = ("weights", "master", "gradients", "optimizer", "activations", "logprobs", "gathered", "reference",
-              "engine")
-_HEADERS = {"weights": "weights", "master": "fp32 master", "gradients": "grads", "optimizer": "Adam",
+COMPONENTS = ("weights", "master", "gradients", "bucket", "optimizer", "activations", "logprobs", "gathered",
+              "reference", "engine")
+_HEADERS = {"weights": "weights", "master": "fp32 master", "gradients": "grads", "bucket": "grad bucket",
+            "optimizer": "Adam",
             "activations": "activ.", "logprobs": "log-prob head", "gathered": "ZeRO-3 gather",
             "reference": "ref", "engine": "vLLM"}
 
@@ -301,6 +380,7 @@ class GpuRow:
     weights: int = 0
     master: int = 0
     gradients: int = 0
+    bucket: int = 0
     optimizer: int = 0
     activations: int = 0
     logprobs: int = 0
@@ -344,16 +424,58 @@ def _logprob_bytes(lay: AgentLayout) -> int:
     return chunk * min(DEFAULT_VOCAB_CHUNK_SIZE, shape.vocab) * w + chunk * shape.hidden * (4 + w)
 
 
-def _policy_parts(lay: AgentLayout) -> tuple[dict[str, int], int]:
-    """Per policy rank: bytes of the ZeRO states on the GPU, and host bytes of the offloaded ones."""
+@dataclass(frozen=True)
+class PolicyPhases:
+    """One policy rank's device bytes per phase (each a dict of weights, master, gradients, bucket, optimizer and
+    gathered) and its host bytes."""
+
+    kept: dict[str, int]
+    """Between updates (what generation sits next to)."""
+    backward: dict[str, int]
+    """During the backward pass of a micro-batch (the activations come on top)."""
+    step: dict[str, int]
+    """During the optimizer step."""
+    host: int
+
+
+_STATE_KEYS = ("weights", "master", "gradients", "bucket", "optimizer", "gathered")
+
+
+def policy_phases(lay: AgentLayout) -> PolicyPhases:
+    """Per policy rank: bytes of the ZeRO states and gradient buffers on the GPU in each phase, and host bytes of
+    the offloaded ones (formulas in the module's docstring)."""
     P, Pt, w, d, z = lay.shape.parameters(), lay.trainable, lay.weight_bytes, lay.dp, lay.zero_stage
     frozen = P if lay.lora_rank > 0 else 0  # LoRA: the whole base model, frozen, plus the adapters
     weights = _ceil(w * (frozen + Pt), d if z == 3 else 1)
     fp32_copy = lay.bf16 or z in (1, 2) or (z == 3 and lay.adam_offload)  # see MASTER_BYTES
     master = _ceil(MASTER_BYTES * Pt, d if z >= 1 else 1) if fp32_copy else 0
     optimizer = _ceil(ADAM_BYTES * Pt, d if z >= 1 else 1)
-    gradients = _ceil(w * Pt, d if z >= 2 else 1)
+    shard = _ceil(Pt, d if z >= 1 else 1)  # trainable elements a rank steps
+    partition = w * (shard if z >= 2 else Pt)  # g: the rank's gradient partition (ZeRO-0/1: every gradient)
+    bucket = w * lay.bucket_elements if z >= 1 else 0
+    accumulated = lay.accumulation_steps > 1
+    largest = w * lay.largest_trainable
     host = 0
+    if z == 0:
+        kept_grads, backward_grads, step_grads = 0, partition, partition + ADAM_STEP_TEMP_BYTES * Pt
+        kept_bucket = 0
+    elif lay.adam_offload and z in (1, 2):
+        kept_grads = backward_grads = step_grads = largest  # temp_grad_buffer_for_gpu_offload
+        kept_bucket = 0
+        host += w * shard * (1 + accumulated) + largest  # bit16 copy-back buffer, accumulated grads, CPU temp
+    elif lay.adam_offload:  # ZeRO-3: the flat gradient partition lives in host memory
+        kept_grads = backward_grads = step_grads = 0
+        kept_bucket = bucket
+        host += w * shard
+    elif z in (1, 2):
+        kept_grads, kept_bucket = 0, 0
+        backward_grads = partition * (1 + accumulated)
+        step_grads = max(2 * w + (4 if w != 4 else 0), 4 + ADAM_STEP_TEMP_BYTES) * shard
+    else:  # ZeRO-3 on the device
+        kept_grads = backward_grads = w * shard
+        sub_group = min(shard, SUB_GROUP_ELEMENTS + _ceil(lay.largest_trainable, d))
+        step_grads = kept_grads + (4 + ADAM_STEP_TEMP_BYTES) * sub_group
+        kept_bucket = bucket
     if lay.adam_offload:
         host += master + optimizer + _ceil(OFFLOADED_GRADIENT_BYTES * Pt, d if z >= 1 else 1)
         master = optimizer = 0
@@ -363,55 +485,59 @@ def _policy_parts(lay: AgentLayout) -> tuple[dict[str, int], int]:
     gathered = 0
     if z == 3:
         gathered = w * (2 * lay.shape.layer_parameters() + lay.shape.vocab * lay.shape.hidden)
-    return {"weights": weights, "master": master, "gradients": gradients, "optimizer": optimizer,
-            "gathered": gathered}, host
+    held = {"weights": weights, "master": master, "optimizer": optimizer, "gathered": gathered}
+    return PolicyPhases(kept={**held, "gradients": kept_grads, "bucket": kept_bucket},
+                        backward={**held, "gradients": backward_grads, "bucket": bucket},
+                        step={**held, "gradients": step_grads, "bucket": kept_bucket}, host=host)
 
 
 def plan_agent(lay: AgentLayout, gpu_bytes: int | None) -> list[GpuRow]:
     """The rows of one agent: its policy GPUs (colocated engines on the first ``engines x tp`` of them), then its
     dedicated engine GPUs."""
     P, w = lay.shape.parameters(), lay.weight_bytes
-    states, policy_host = _policy_parts(lay)
+    parts = policy_phases(lay)
     activations, logprobs = _activation_bytes(lay), _logprob_bytes(lay)
     reference_bytes = w * P if lay.reference and lay.lora_rank == 0 else 0
     engine_gpus = lay.engines * lay.tensor_parallel
     engine_weights = _ceil(w * P, lay.tensor_parallel)
     engine_budget = int(lay.engine_utilization * gpu_bytes) if gpu_bytes is not None else engine_weights
+    none = dict.fromkeys(_STATE_KEYS, 0)
     rows = []
     for gpu in range(lay.policy_gpus):
         has_policy = gpu < lay.dp
         has_engine = lay.colocated and gpu < engine_gpus
         ref_here = has_policy and gpu == 0 and reference_bytes > 0 and not lay.ref_reward_offload
         role = " + ".join(["policy"] * has_policy + ["ref"] * ref_here + ["vLLM"] * has_engine)
-        host = policy_host if has_policy else 0
+        host = parts.host if has_policy else 0
         reference = 0
         if has_policy and gpu == 0 and reference_bytes:
             if lay.ref_reward_offload:
                 host += reference_bytes
             else:
                 reference = reference_bytes
-        policy = dict(states) if has_policy else dict.fromkeys(states, 0)
         contexts = CUDA_CONTEXT_BYTES if has_policy else 0  # an engine's own is inside its budget when awake
-        held = sum(policy.values()) + reference
-        train_tensors = held + (activations + logprobs if has_policy else 0)
         awake_engine = engine_budget if has_engine and not lay.engine_sleep else 0
         asleep = CUDA_CONTEXT_BYTES if has_engine and lay.engine_sleep else 0
-        train = int(train_tensors * ALLOCATOR_OVERHEAD) + contexts + awake_engine + asleep
-        parts, phase, total = {**policy, "reference": reference, "engine": awake_engine}, "train", train
-        if has_policy:
-            parts.update(activations=activations, logprobs=logprobs)
+        phases = []  # (total, phase, parts), the first of equal totals wins
+        for phase, states, transient in (("train", parts.backward, activations + logprobs), ("step", parts.step, 0)):
+            states = states if has_policy else none
+            tensors = sum(states.values()) + reference + (transient if has_policy else 0)
+            total = int(tensors * ALLOCATOR_OVERHEAD) + contexts + awake_engine + asleep
+            extra = {"activations": activations, "logprobs": logprobs} if has_policy and transient else {}
+            phases.append((total, phase, {**states, "reference": reference, "engine": awake_engine, **extra}))
         if has_engine:
             if lay.engine_sleep:
                 host += engine_weights
-            kept = dict(policy) if not lay.deepspeed_enable_sleep else dict.fromkeys(policy, 0)
+            kept = parts.kept if has_policy and not lay.deepspeed_enable_sleep else none
             generate = int((sum(kept.values()) + reference) * ALLOCATOR_OVERHEAD) + contexts + engine_budget
-            if generate > train or not has_policy:
-                parts, phase, total = ({**kept, "reference": reference, "engine": engine_budget}, "generate",
-                                       generate)
+            phases.append((generate, "generate", {**kept, "reference": reference, "engine": engine_budget}))
             if lay.deepspeed_enable_sleep and has_policy:  # the states wait in host memory during generation
-                host += sum(policy.values()) - policy["gathered"]
+                host += sum(parts.kept.values()) - parts.kept["gathered"]
+        if not has_policy:  # an engine's GPU peaks while it generates; an idle one holds nothing
+            phases = phases[-1:] if has_engine else phases[:1]
+        total, phase, values = max(phases, key=lambda item: item[0])
         rows.append(GpuRow(agent=lay.name, gpu=gpu, role=role or "idle", total=total, host=host, phase=phase,
-                           gpu_bytes=gpu_bytes, **parts))
+                           gpu_bytes=gpu_bytes, **values))
     if not lay.colocated:
         for shard in range(engine_gpus):
             total = max(engine_budget, int(engine_weights * ALLOCATOR_OVERHEAD) + CUDA_CONTEXT_BYTES)

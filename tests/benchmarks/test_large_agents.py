@@ -3,6 +3,8 @@ bytes, the report and its LoRA ratio, the trainer flags of every configuration),
 end on the tiny agents without Ray."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from benchmark_script import load_benchmark
 
@@ -57,25 +59,54 @@ def test_median_step_time_leaves_out_the_first_step():
 
 def test_plan_worker_bytes_leave_the_reference_out():
     bench = _module()
-    from openrlhf_hacpo.trainer.memory_plan import AgentLayout, ModelShape, plan_agent
+    from openrlhf_hacpo.trainer.memory_plan import REDUCE_BUCKET_ELEMENTS, AgentLayout, ModelShape, plan_agent
 
     shape = ModelShape(model_type="llama", vocab=1000, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16,
                        intermediate=128, tied=True)
     P = 138048  # tests/trainer/test_memory_plan.py counts it by hand
     layout = AgentLayout("a", shape, dp=1, zero_stage=2, bf16=False, micro_batch=2, prompt_len=8, response_len=8)
-    row = plan_agent(layout, None)[0]
-    got = bench.plan_worker_bytes(row, layout)
-    # fp32 ZeRO-2 on one rank: weights 4P + fp32 master clone 4P + gradients 4P + Adam 8P; the reference 4P is not
-    # the worker's
-    assert got["states"] == 20 * P and row.reference == 4 * P
+    # on a CPU only the written part of DeepSpeed's reduce bucket is resident: the P gradients that pass through it
+    on_cpu = bench.cpu_layout(layout)
+    assert layout.bucket_elements == REDUCE_BUCKET_ELEMENTS and on_cpu.bucket_elements == P
+    row = plan_agent(on_cpu, None)[0]
+    got = bench.plan_worker_bytes(row, on_cpu)
+    # fp32 ZeRO-2 on one rank, backward pass: weights 4P + fp32 master clone 4P + gradient partition 4P + bucket 4P
+    # + Adam 8P; the reference 4P is not the worker's
+    assert row.phase == "train"
+    assert got["states"] == 24 * P and row.reference == 4 * P
     assert got["activations"] == row.activations + row.logprobs and got["host"] == 0
-    assert got["total"] == 20 * P + row.activations + row.logprobs
-    offload = AgentLayout("a", shape, dp=1, zero_stage=2, bf16=False, adam_offload=True, micro_batch=2,
-                          prompt_len=8, response_len=8)
+    assert got["total"] == 24 * P + row.activations + row.logprobs
+    offload = bench.cpu_layout(AgentLayout("a", shape, dp=1, zero_stage=2, bf16=False, adam_offload=True,
+                                           micro_batch=2, prompt_len=8, response_len=8))
     got = bench.plan_worker_bytes(plan_agent(offload, None)[0], offload)
-    assert got["states"] == 8 * P and got["host"] == 16 * P  # weights + gradients here; master, Adam, fp32 grads
+    # here: weights 4P, bucket 4P and the copy buffer of the largest parameter (the 1000 x 64 embedding) 4 x 64000;
+    # host: master 4P, Adam 8P, fp32 gradients 4P, the copy-back buffer 4P and the host copy buffer 4 x 64000
+    assert got["states"] == 8 * P + 256000 and got["host"] == 20 * P + 256000
     with pytest.raises(ValueError, match="ref_reward_offload"):
         bench.plan_worker_bytes(row, AgentLayout("a", shape, ref_reward_offload=True))
+
+
+def test_replan_keeps_the_measurements_and_recomputes_the_plan(tmp_path, monkeypatch):
+    bench = _module()
+    measured = {"workers": {"smollm2": _worker(134_515_008, 134_515_008, 4 * GIB)},
+                "plan": {"smollm2": {"states": 1, "activations": 1, "host": 0, "total": 2}},
+                "reference_workers": {"smollm2": 1}, "step_seconds": 12.0, "tree_peak_rss_bytes": 9 * GIB}
+    meta = {"command": "python benchmarks/large_agents.py", "time": "2026-12-02T08:47:28",
+            "baseline_peak_rss_bytes": GIB // 2}
+    (tmp_path / "large_agents_cpu.json").write_text(json.dumps({"meta": meta, "results": {"full": measured}}))
+    seen = []
+    monkeypatch.setattr(bench, "prepare_inputs", lambda: ({"smollm2": "models/smollm2"}, "prompts.jsonl"))
+    monkeypatch.setattr(bench, "plan_for_flags", lambda flags: seen.append(flags) or {
+        "smollm2": {"states": 3 * GIB, "activations": GIB, "host": 0, "total": 4 * GIB}})
+    assert bench.replan(tmp_path, "python benchmarks/large_agents.py --replan") == 0
+    written = json.loads((tmp_path / "large_agents_cpu.json").read_text())
+    assert written["results"]["full"]["workers"] == measured["workers"]
+    assert written["results"]["full"]["plan"]["smollm2"]["total"] == 4 * GIB
+    assert written["meta"]["replanned"]["command"] == "python benchmarks/large_agents.py --replan"
+    assert seen and "--agent" in seen[0] and "name=smollm2,pretrain=models/smollm2" in seen[0]
+    text = (tmp_path / "large_agents_cpu.md").read_text()
+    assert "| full-parameter | smollm2 | 134,515,008 | 134,515,008 | 4.00 | 3.50 | 4.00 (3.00 + 1.00 + 0.00) |" in text
+    assert "measured figure (peak RSS, step, run tree) is from the run of 2026-12-02T08:47:28" in text
 
 
 def _worker(params, trainable, peak):

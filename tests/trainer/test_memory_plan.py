@@ -113,48 +113,57 @@ def test_small_config_parameters_by_hand():
 
 # P = 138048 parameters, bf16 (2 bytes), dp 4: weights 2P = 276096, master 4P = 552192, gradients 2P = 276096,
 # Adam 8P = 1104384, each divided by 4 where the stage shards it (ZeRO-3 also gathers 2 x (2 layers x 36992 +
-# 64000 embedding) = 275968 bytes in flight).
-HAND = {  # stage: (weights, master, gradients, optimizer, gathered)
-    0: (276096, 552192, 276096, 1104384, 0),
-    1: (276096, 138048, 276096, 276096, 0),
-    2: (276096, 138048, 69024, 276096, 0),
-    3: (69024, 138048, 69024, 276096, 275968),
+# 64000 embedding) = 275968 bytes in flight). During the backward pass ZeRO-1/2/3 also hold DeepSpeed's reduce
+# bucket, 5e8 elements x 2 bytes (tests/trainer/test_memory_plan_gradients.py counts every phase's buffers).
+BUCKET = 500_000_000 * 2
+HAND = {  # stage: (weights, master, gradients, bucket, optimizer, gathered) of the backward pass
+    0: (276096, 552192, 276096, 0, 1104384, 0),
+    1: (276096, 138048, 276096, BUCKET, 276096, 0),
+    2: (276096, 138048, 69024, BUCKET, 276096, 0),
+    3: (69024, 138048, 69024, BUCKET, 276096, 275968),
 }
 # one micro-batch: 2 rows x 16 tokens = 32 tokens; 17 values x 32 tokens x 64 hidden x 2 bytes = 69632 per layer
 ACTIVATIONS = 2 * 69632
 # fused head: 16 response tokens, one tile of 16 x 1000 bf16 logits + 16 x 64 x (4 + 2) bytes
 LOGPROBS = 16 * 1000 * 2 + 16 * 64 * 6
 REFERENCE = 276096
+# a micro-batch of 16 rows x 16 tokens = 256 tokens (8 x the above; the backward pass is then every stage's peak)
+ACTIVATIONS_16 = 8 * ACTIVATIONS
+LOGPROBS_16 = 128 * 1000 * 2 + 128 * 64 * 6
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_bytes_at_each_zero_stage_by_hand(stage):
-    rows = plan_agent(_small_layout(zero_stage=stage), 80 * GIB)
+    rows = plan_agent(_small_layout(zero_stage=stage, micro_batch=16), 80 * GIB)
     assert [r.gpu for r in rows] == [0, 1, 2, 3]
-    weights, master, gradients, optimizer, gathered = HAND[stage]
+    weights, master, gradients, bucket, optimizer, gathered = HAND[stage]
     for row in rows:
-        assert (row.weights, row.master, row.gradients, row.optimizer, row.gathered) == HAND[stage]
-        assert (row.activations, row.logprobs) == (ACTIVATIONS, LOGPROBS)
+        assert (row.weights, row.master, row.gradients, row.bucket, row.optimizer, row.gathered) == HAND[stage]
+        assert (row.activations, row.logprobs, row.phase) == (ACTIVATIONS_16, LOGPROBS_16, "train")
         reference = REFERENCE if row.gpu == 0 else 0
         assert row.reference == reference
-        tensors = weights + master + gradients + optimizer + gathered + ACTIVATIONS + LOGPROBS + reference
+        tensors = (weights + master + gradients + bucket + optimizer + gathered + ACTIVATIONS_16 + LOGPROBS_16
+                   + reference)
         assert row.total == int(tensors * ALLOCATOR_OVERHEAD) + CUDA_CONTEXT_BYTES
         assert row.host == 0 and row.fits
 
 
-@pytest.mark.parametrize("stage, offload, device_master, host_master", [
-    (0, False, 0, 0),            # fp32 ZeRO-0: the optimizer steps the weights themselves
-    (1, False, 138048, 0),       # ZeRO-1/2 clone the fp32 partition they update: 4P / dp 4 = P bytes
-    (2, False, 138048, 0),
-    (3, False, 0, 0),            # fp32 ZeRO-3 on the device updates the weights' own partition
-    (3, True, 0, 138048),        # ... but the host copy of adam_offload is a clone
-    (2, True, 0, 138048),
+# fp32 host buffers of adam_offload besides master, Adam and fp32 gradients: ZeRO-3 the flat gradient partition
+# 4P / 4 = 138048; ZeRO-2 the copy-back buffer 4P / 4 = 138048 and the CPU copy buffer of the largest parameter
+# (the 1000 x 64 embedding) 4 x 64000 = 256000
+@pytest.mark.parametrize("stage, offload, device_master, host_master, host_buffers", [
+    (0, False, 0, 0, 0),                # fp32 ZeRO-0: the optimizer steps the weights themselves
+    (1, False, 138048, 0, 0),           # ZeRO-1/2 clone the fp32 partition they update: 4P / dp 4 = P bytes
+    (2, False, 138048, 0, 0),
+    (3, False, 0, 0, 0),                # fp32 ZeRO-3 on the device updates the weights' own partition
+    (3, True, 0, 138048, 138048),       # ... but the host copy of adam_offload is a clone
+    (2, True, 0, 138048, 138048 + 256000),
 ])
-def test_fp32_master_copy_by_stage(stage, offload, device_master, host_master):
+def test_fp32_master_copy_by_stage(stage, offload, device_master, host_master, host_buffers):
     row = plan_agent(_small_layout(zero_stage=stage, bf16=False, adam_offload=offload), None)[0]
     assert row.master == device_master
     # with offload the host also holds Adam 8P / 4 and the fp32 gradient partition 4P / 4
-    assert row.host == (host_master + 2 * 138048 + 138048 if offload else 0)
+    assert row.host == (host_master + 2 * 138048 + 138048 + host_buffers if offload else 0)
 
 
 def test_checkpointing_and_logits_path_by_hand():
@@ -169,8 +178,9 @@ def test_checkpointing_and_logits_path_by_hand():
 def test_offload_and_lora_placement_by_hand():
     row = plan_agent(_small_layout(zero_stage=3, adam_offload=True, param_offload=True), None)[0]
     assert (row.weights, row.master, row.optimizer) == (0, 0, 0)
-    # host: master 138048 + Adam 276096 + fp32 gradients 4P/4 = 138048, + the bf16 weight shard 69024
-    assert row.host == 138048 + 276096 + 138048 + 69024
+    # host: master 138048 + Adam 276096 + fp32 gradients 4P/4 = 138048, + the bf16 flat gradient partition 2P/4 =
+    # 69024, + the bf16 weight shard 69024
+    assert row.host == 138048 + 276096 + 138048 + 69024 + 69024
     lora = plan_agent(_small_layout(zero_stage=2, lora_rank=8), None)[0]
     adapters = 2 * 8 * (128 + 96 + 96 + 128 + 192 + 192 + 192)
     assert lora.weights == 2 * (138048 + adapters)  # frozen base + adapters, bf16
@@ -187,9 +197,10 @@ def test_engines_dedicated_and_colocated():
     assert all(r.engine == int(0.9 * gpu) and r.total == int(0.9 * gpu) for r in dedicated[4:])
     colocated = plan_agent(_small_layout(engines=2, colocated=True, engine_utilization=0.5, engine_sleep=True), gpu)
     assert [r.role for r in colocated] == ["policy + ref + vLLM", "policy + vLLM", "policy", "policy"]
-    # generation is the peak of a GPU shared with an engine: held states x overhead + policy context + 0.5 G
-    weights, master, gradients, optimizer, _ = HAND[2]
-    held = weights + master + gradients + optimizer + REFERENCE
+    # generation is the peak of a GPU shared with an engine: held states x overhead + policy context + 0.5 G;
+    # ZeRO-2 holds no gradient buffer between updates
+    weights, master, _, _, optimizer, _ = HAND[2]
+    held = weights + master + optimizer + REFERENCE
     assert colocated[0].phase == "generate"
     assert colocated[0].total == int(held * ALLOCATOR_OVERHEAD) + CUDA_CONTEXT_BYTES + int(0.5 * gpu)
     # a sleeping engine's weights wait in host memory
@@ -306,8 +317,8 @@ def test_engine_that_cannot_hold_its_weights_is_refused():
 def test_agents_without_ray_add_up_on_one_gpu():
     pair = [_small_layout(name="a", dp=1), _small_layout(name="b", dp=1)]
     alone = plan_agent(pair[0], None)[0]
-    # weights 2P + master 4P + gradients 2P + Adam 8P + activations + head + reference 2P, per agent
-    per_agent = 18 * 138048 + ACTIVATIONS + LOGPROBS
+    # weights 2P + master 4P + gradients 2P + reduce bucket + Adam 8P + activations + head + reference 2P, per agent
+    per_agent = 18 * 138048 + BUCKET + ACTIVATIONS + LOGPROBS
     assert alone.allocated == per_agent
     together = int(2 * per_agent * ALLOCATOR_OVERHEAD) + CUDA_CONTEXT_BYTES
     gpu = together - 1  # each agent fits alone, not both
@@ -390,10 +401,11 @@ def test_gpu_preflight_prints_and_applies_the_plan(tmp_path, caplog):
 
     _tiny_configs()["qwen3 tied"].save_pretrained(tmp_path)
     agents = [AgentConfig(name="tiny", pretrain=str(tmp_path))]
-    fits = TrainConfig(agents=agents, prompt_data="p.jsonl", use_ray=False, gpu_memory_gb=1.5)
+    # fp32: the 1 GiB CUDA context and DeepSpeed's reduce bucket of 5e8 x 4 bytes (1.86 GiB, x 1.1) are most of it
+    fits = TrainConfig(agents=agents, prompt_data="p.jsonl", use_ray=False, gpu_memory_gb=3.5)
     with caplog.at_level("INFO", logger="openrlhf_hacpo"):
         run_gpu_stack_preflight(fits, use_gpu=True, cluster_gpus=None)
-    assert "memory plan per GPU" in caplog.text and "GPU size 1.5 GiB" in caplog.text
+    assert "memory plan per GPU" in caplog.text and "GPU size 3.5 GiB" in caplog.text
     tight = TrainConfig(agents=agents, prompt_data="p.jsonl", use_ray=False, gpu_memory_gb=0.5)
     with pytest.raises(ValueError, match="agent 'tiny'.*0.5 GiB"):  # 1 GiB of CUDA context alone exceeds it
         run_gpu_stack_preflight(tight, use_gpu=True, cluster_gpus=None)

@@ -1,0 +1,80 @@
+"""The gradient buffers the memory plan counts are the ones DeepSpeed's ZeRO-2 optimizer allocates: a policy engine
+built the project's way (``build_policy_engine``: fp32, gloo, world size 1, two micro-batches per update) is
+watched through one update, and the sizes of its reduce bucket, its gradient partitions and the fp32 gradient its
+optimizer steps on are compared with the plan's terms for the same run configuration."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.integration, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
+
+
+def test_zero2_gradient_buffers_match_the_plan(tiny_agents, tmp_path):
+    from gpu_stack.stack_fixtures import init_gloo_world, worker_config
+    from transformers import AutoConfig
+
+    from openrlhf_hacpo.actors.deepspeed_setup import build_policy_engine
+    from openrlhf_hacpo.trainer.memory_plan import agent_layouts, policy_phases
+
+    init_gloo_world()
+    cfg = worker_config(tiny_agents["llama"], tmp_path, "--zero_stage", "2", "--micro_train_batch_size", "2",
+                        "--lr_scheduler", "constant", "--actor_learning_rate", "1e-3")
+    built = build_policy_engine(cfg, cfg.resolved_agents()[0], total_updates=2)
+    engine, opt = built.engine, built.engine.optimizer
+    trainable = sum(p.numel() for p in engine.module.parameters() if p.requires_grad)
+    config = AutoConfig.from_pretrained(tiny_agents["llama"])
+    (layout,) = agent_layouts(cfg, {"qwen": config})
+    assert layout.accumulation_steps == 2 and layout.trainable == trainable
+
+    seen: dict[str, list] = {"bucket": [], "partition": [], "kept_while_copying": [], "step_grads": []}
+    setup_buckets, copy_grads = opt.setup_buckets, opt.copy_grads_in_partition
+
+    def watch_setup_buckets():  # called at every gradient; allocates at the first of a backward pass
+        fresh = not opt.ready_for_gradients
+        setup_buckets()
+        if fresh:
+            seen["bucket"] += [(b.numel(), b.element_size()) for bucket in opt.ipg_buckets.values()
+                               for b in bucket.buffer]
+
+    def watch_copy(param):
+        fresh = opt.grads_in_partition is None
+        copy_grads(param)
+        if fresh:  # a new partition for this micro-batch, next to the earlier micro-batches' sum if any
+            new = opt.grads_in_partition
+            seen["partition"].append((new.numel(), new.element_size(), new.untyped_storage().data_ptr()))
+            kept = opt.all_grad_tensors.get(0)
+            seen["kept_while_copying"].append(
+                None if kept is None else {t.untyped_storage().data_ptr() for t in kept})
+
+    opt.setup_buckets, opt.copy_grads_in_partition = watch_setup_buckets, watch_copy
+    client = opt.optimizer  # the client AdamW, stepped once per parameter group (its step is wrapped per instance)
+    assert client is built.client_optimizer
+    client_step = client.step
+
+    def watch_step(*args, **kwargs):
+        for group in client.param_groups:
+            for p in group["params"]:
+                seen["step_grads"].append((p.grad.numel(), p.grad.element_size()))
+        return client_step(*args, **kwargs)
+
+    client.step = watch_step
+    for seed in (0, 1):  # one update of two micro-batches, as DeepSpeed's accumulation runs them
+        ids = torch.randint(3, config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(seed))
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+
+    # one bucket of DeepSpeed's default 5e8 fp32 elements per backward pass: the plan's bucket term
+    phases = policy_phases(layout)
+    assert seen["bucket"] == [(500_000_000, 4)] * 2
+    assert phases.backward["bucket"] == 500_000_000 * 4
+    # a new partition of every trainable gradient (world size 1) per micro-batch; during the second one the first
+    # micro-batch's partition is still held (another storage): the plan's two partitions with accumulation
+    (n1, size1, ptr1), (n2, size2, ptr2) = seen["partition"]
+    assert n1 == n2 == trainable and size1 == size2 == 4
+    assert seen["kept_while_copying"][0] is None and seen["kept_while_copying"][1] == {ptr1} and ptr2 != ptr1
+    assert phases.backward["gradients"] == 2 * 4 * trainable
+    # the optimizer steps on a flat fp32 copy per parameter group, together every trainable weight: 4 bytes of the
+    # plan's 8 per weight at the step (the other 4 are the flat copy's source, or AdamW's temporary)
+    assert sum(n for n, _ in seen["step_grads"]) == trainable and {s for _, s in seen["step_grads"]} == {4}
+    assert phases.step["gradients"] == 8 * trainable and phases.step["bucket"] == 0
