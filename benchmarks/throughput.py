@@ -245,6 +245,10 @@ def build_payload(setup: Setup, order: Sequence[tuple[int, str]], root: Path, *,
             ratio = arms[name]["step_s"]["median"] / arms[f"{name}-from-update"]["step_s"]["median"]
             notes.append(f"{ARMS[name].label}, old log-probs from the update (`--old_logp_from_update`): "
                          f"**{ratio:.3f}×** the steps/s without it (median step seconds).")
+        if name in arms and f"{name}-overlap" in arms:  # generation overlapped with training
+            ratio = arms[name]["step_s"]["median"] / arms[f"{name}-overlap"]["step_s"]["median"]
+            notes.append(f"{ARMS[name].label}, one step off (`--one_step_off`): **{ratio:.3f}×** the steps/s of "
+                         f"synchronous steps (median step seconds, same rollout backend).")
     return {"config": setup.name, "description": setup.description,
             "settings": {"steps": steps, "warmup": warmup, "rounds": rounds},
             "order": [list(o) for o in order], "command": command, "machine": _machine(), "commit": _commit(),
@@ -311,8 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=None, help="runs per arm, interleaved [2; smollm2: 1]")
     p.add_argument("--arms", default=None, help="comma-separated subset of the configuration's arms "
                    "(gspo, gspo2x, naive, hacpo; three also hacpo-n2) and of the optional arms with "
-                   "--old_logp_from_update (gspo-from-update, naive-from-update, hacpo-from-update); must include "
-                   "gspo")
+                   "--old_logp_from_update (gspo-from-update, naive-from-update, hacpo-from-update) or "
+                   "--one_step_off (gspo-overlap, naive-overlap, hacpo-overlap; engine actors: on model, three and "
+                   "smollm2 add '-- --rollout_backend hf_engine'); must include gspo")
     p.add_argument("--seed", type=int, default=0, help="seed of every run (the same prompts in every arm)")
     p.add_argument("--runs_dir", type=Path, default=None, help="run folders [<runs>/throughput/<config>]")
     p.add_argument("--results_dir", type=Path, default=RESULTS_DIR, help="where the tables go [benchmarks/results]")

@@ -3,8 +3,10 @@ each run.
 
 Arms (G = the configuration's group size): ``gspo`` (every agent alone on its own G rollouts per prompt), ``gspo2x``
 (alone on 2G: as many trained rows as HACPO with N = 2), ``naive`` (shared rollouts, plain advantages) and
-``hacpo``. Every arm makes one optimizer update per step on the learner's whole batch (``--train_batch_size`` =
-the learner's rows per step), so the arms differ in the rows they score and train, not in how they cut them.
+``hacpo``; optional arms (``--arms``): each of ``gspo``, ``naive``, ``hacpo`` with ``--old_logp_from_update``
+(``-from-update``) or ``--one_step_off`` (``-overlap``). Every arm makes one optimizer update per step on the
+learner's whole batch (``--train_batch_size`` = the learner's rows per step), so the arms differ in the rows they
+score and train, not in how they cut them.
 
 Configurations:
 
@@ -49,11 +51,17 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("hacpo-n2", "HACPO, N = 2 (preset model)", "hacpo", preset="model"),
     *(Arm(f"{name}-from-update", f"{label}, old log-probs from the update", name, flags=("--old_logp_from_update",))
       for name, label in (("gspo", "GSPO"), ("naive", "Naive"), ("hacpo", "HACPO"))),
+    *(Arm(f"{name}-overlap", f"{label}, one step off", name, flags=("--one_step_off",))
+      for name, label in (("gspo", "GSPO"), ("naive", "Naive"), ("hacpo", "HACPO"))),
 )}
 BASELINE = "gspo"
 MAIN_ARMS = ("gspo", "gspo2x", "naive", "hacpo")
-OPTIONAL_ARMS = ("gspo-from-update", "naive-from-update", "hacpo-from-update")
-"""Arms a run takes only when ``--arms`` names them: the main arms with ``--old_logp_from_update``."""
+OPTIONAL_ARMS = ("gspo-from-update", "naive-from-update", "hacpo-from-update",
+                 "gspo-overlap", "naive-overlap", "hacpo-overlap")
+"""Arms a run takes only when ``--arms`` names them: the main arms with ``--old_logp_from_update``, and with
+``--one_step_off`` (generation overlapped with training). The overlap arms need engine actors: on the tiny presets
+and ``smollm2`` (hf rollouts inside the policy by default) give every arm ``-- --rollout_backend hf_engine``, so the
+synchronous arms they are compared with generate in the same engine actors; ``gpu`` uses vLLM engines already."""
 
 
 def interleave(arms: Sequence[str], rounds: int) -> list[tuple[int, str]]:

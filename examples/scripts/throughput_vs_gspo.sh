@@ -10,6 +10,9 @@
 #        --model llama=/models/Llama-3.2-1B-Instruct                 # on CUDA, vLLM rollouts, bf16
 #   bash examples/scripts/throughput_vs_gspo.sh model --time_to_accuracy    # HACPO vs GSPO x2 to equal accuracy
 #   bash examples/scripts/throughput_vs_gspo.sh model --rounds 4 -- --micro_train_batch_size 32
+#   bash examples/scripts/throughput_vs_gspo.sh model --arms gspo,hacpo,gspo-overlap,hacpo-overlap \
+#        -- --rollout_backend hf_engine                            # one-step-off overlap against synchronous
+#                                                                  # steps, every arm with HF engine actors
 #
 # The first argument, when it does not start with "-", is the configuration; every other argument goes to
 # benchmarks/throughput.py (see `python benchmarks/throughput.py --help`; trainer flags after --). Run folders
