@@ -10,7 +10,8 @@
 Every run is one normal training command (the tiny main job, or ``train_hacpo`` itself; see
 :mod:`throughput_setups`), launched as a subprocess. The runs are interleaved, arms in order then reversed in
 alternate rounds (A B C D, D C B A, ...), so a change in the machine's speed hits every arm alike. Each run makes
-``--steps`` steps; the first ``--warmup`` of each are dropped. While a run is going, the summed resident (RSS) and
+``--steps`` steps; the first ``--warmup`` of each are dropped (and a one-step-off arm's last step, which generates
+nothing). While a run is going, the summed resident (RSS) and
 proportional (PSS) memory of its process tree (the command, Ray's processes and workers) is sampled with psutil;
 its peak is the run's memory figure.
 
@@ -207,6 +208,15 @@ def _load_run(root: Path, name: str, rnd: int) -> tuple[list[dict], dict]:
     return read_records(out / "metrics.jsonl"), facts
 
 
+def _measured_records(arm: str, records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A run's records that measure its steps: all of them, except that a one-step-off arm's last step is left out
+    (it generates nothing, so it is shorter than the steady state the arm is measured for)."""
+    if "--one_step_off" not in ARMS[arm].flags or not records:
+        return list(records)
+    last = max(r["step"] for r in records)
+    return [r for r in records if r["step"] != last]
+
+
 def _max_or_none(values: Sequence[Any]) -> float | None:
     values = [v for v in values if v is not None]
     return max(values) if values else None
@@ -218,7 +228,7 @@ def build_payload(setup: Setup, order: Sequence[tuple[int, str]], root: Path, *,
     arms: dict[str, Any] = {}
     for name in dict.fromkeys(a for _, a in order):
         loaded = [_load_run(root, name, r) for r, a in order if a == name]
-        runs = [records for records, _ in loaded]
+        runs = [_measured_records(name, records) for records, _ in loaded]
         summary = summarize_arm(runs, warmup)
         for key in ("peak_rss_gib", "peak_pss_gib", "peak_process_rss_gib"):
             summary[key] = _max_or_none([facts.get(key) for _, facts in loaded])
@@ -370,6 +380,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         rounds = args.rounds or setup.rounds
         if warmup >= steps:
             raise ValueError(f"--warmup {warmup} leaves no measured step of --steps {steps}")
+        if warmup >= steps - 1 and any("--one_step_off" in ARMS[a].flags for a in arms):
+            raise ValueError(f"--warmup {warmup} and --steps {steps} leave no measured step of the one-step-off "
+                             "arms, whose last step (no generation) is left out too: give --steps >= warmup + 2")
         order = interleave(arms, rounds)
         with result_writer(f"throughput_{setup.name}", args.results_dir, command) as out:
             if not args.report_only:
