@@ -415,10 +415,11 @@ class HACPOController:
             return list(trajectories)
         return [t for t in trajectories if t.source == learner]
 
-    def _start_rollouts(self, step: int, prompts: Sequence[Any], rendered: Sequence[Any] | None = None) -> list[Pending]:
+    def _start_rollouts(self, step: int, prompts: Sequence[Any],
+                        rendered: Sequence[Any] | None = None) -> list[Pending]:
         """Every agent's rollout of ``prompts`` for ``step``, started (``rendered``: each agent's rendering)."""
         rendered = rendered if rendered is not None else [None] * len(self.groups)
-        return [g.rollout(prompts, self.sampling_for(step, g.name), step, **({"rendered": r} if r is not None else {}))
+        return [g.rollout(prompts, self.sampling_for(step, g.name), step, rendered=r)
                 for g, r in zip(self.groups, rendered)]
 
     def _finish_rollouts(self, step: int, pendings: Sequence[Pending]) -> GeneratedBatch:
