@@ -4,7 +4,7 @@ It holds the settings that decide what a step computes: the algorithm with all i
 settings, the agents (name, model as given, tokenizer, learning rate, ZeRO stage, precision, data-parallel size),
 the seed, the prompt data and its rendering, the sampling settings and the EOS policy, the reward function, the batch
 geometry and mini-batch order, and the optimizer schedule (learning-rate schedule, warm-up, gradient clip, weight
-decay, episodes). Settings that only change how long or how visibly a run goes (``max_steps``,
+decay, episodes), and with ``--one_step_off`` the schedule. Settings that only change how long or how visibly a run goes (``max_steps``,
 save, log and evaluation cadence, output sinks) are left out, so they may change between a run and its resume.
 """
 from __future__ import annotations
@@ -23,6 +23,9 @@ _RUN_FIELDS = ("seed", "prompt_data", "input_key", "label_key", "max_samples", "
 _AGENT_FIELDS = ("pretrain", "tokenizer", "learning_rate", "zero_stage", "bf16", "dp_size")
 _LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
 """Fingerprinted for agents with ``lora_rank`` > 0 only, so full-parameter fingerprints stay as they were."""
+_OVERLAP_FIELDS = ("one_step_off", "own_old_logp")
+"""Fingerprinted for ``--one_step_off`` runs only: their rows are generated one version stale and their checkpoints
+hold the next step's batch, so a resume must keep the schedule (synchronous fingerprints stay as they were)."""
 
 
 def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
@@ -34,6 +37,8 @@ def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
         else:
             out[f"algo.{section}"] = _plain(values)
     out.update({name: _plain(getattr(cfg, name)) for name in _RUN_FIELDS})
+    if cfg.one_step_off:
+        out.update({name: getattr(cfg, name) for name in _OVERLAP_FIELDS})
     for agent in cfg.resolved_agents():
         out.update({f"agent.{agent.name}.{k}": _plain(getattr(agent, k)) for k in _AGENT_FIELDS})
         if agent.lora_rank:  # a LoRA agent's checkpoint holds its adapter: rank and targets must match on resume

@@ -49,8 +49,9 @@ ADDED_FLAGS = {
     "gpu_memory_gb": "the GPU size the memory plan checks against: a launch check only, not fingerprinted",
     "no_memory_check": "the memory plan refuses a layout it estimates too large unless this is given: a launch check "
                        "only, not fingerprinted",
-    "one_step_off": "generation overlapped with training, off by default; not fingerprinted",
-    "own_old_logp": "own rows' old log-probs with one_step_off, recompute by default; not fingerprinted",
+    "one_step_off": "generation overlapped with training, off by default: fingerprinted only when given",
+    "own_old_logp": "own rows' old log-probs with one_step_off, recompute by default: fingerprinted with "
+                    "one_step_off",
 }
 """Flags added since the fixture was captured, each with its reason."""
 ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "length_grouping": True,

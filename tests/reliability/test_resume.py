@@ -113,3 +113,21 @@ def test_the_fingerprint_is_taken_from_the_settings_as_given(tmp_path):
     controller = HACPOController(build_config(_flags(tmp_path)))
     controller.cfg.agents[0].pretrain = "/snapshots/llama-local"
     assert controller.fingerprint["agent.llama.pretrain"] == "/m/llama"
+
+
+@pytest.mark.parametrize("saved, resumed", [((), ("--one_step_off",)), (("--one_step_off",), ()),
+                                            (("--one_step_off",), ("--one_step_off", "--own_old_logp", "behaviour"))])
+def test_a_resume_keeps_the_one_step_off_schedule(tmp_path, saved, resumed):
+    """A one-step-off checkpoint holds the next step's batch, generated one version stale: resuming it synchronously,
+    a synchronous checkpoint with the overlap, or with the other own-row old log-probs is refused by name."""
+    engines = ("--rollout_backend", "hf_engine")
+    _checkpoint_of(build_config(_flags(tmp_path, *engines, *saved)))
+    controller = HACPOController(build_config(_flags(tmp_path, *engines, *resumed, "--resume")))
+    try:
+        with pytest.raises(CheckpointError) as info:
+            controller._prepare_run_folder()
+    finally:
+        controller.close()
+    message = str(info.value)
+    field = "own_old_logp" if saved and resumed else "one_step_off"
+    assert f"{field}: checkpoint" in message
