@@ -44,7 +44,8 @@ def former_field_rules(c: TrainConfig) -> None:
                  "adam_offload", "param_offload", "deepspeed_enable_sleep", "ref_reward_offload",  # memory options
                  "memory_check",
                  "allow_straddle",  # placement across nodes
-                 "old_logp_from_update"):  # old log-probs from the first update's forward
+                 "old_logp_from_update",  # old log-probs from the first update's forward
+                 "one_step_off"):  # generation overlapped with training
         check_bool(name, getattr(c, name))
     check_bool("enable_thinking", c.enable_thinking, allow_none=True)
     for name in ("prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size",
