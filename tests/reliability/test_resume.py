@@ -33,15 +33,20 @@ def _checkpoint_of(cfg) -> None:
     CheckpointManager(cfg.checkpoint_dir).save(2, state, write_agents)
 
 
-def test_resume_with_other_settings_lists_the_differences(tmp_path):
-    _checkpoint_of(build_config(_flags(tmp_path, "--seed", "1")))
-    resumed = HACPOController(build_config(_flags(tmp_path, "--seed", "2", "--algorithm", "gspo", "--resume")))
+def _refusal(cfg) -> str:
+    """The :class:`CheckpointError` a resume with ``cfg`` stops with, before any worker starts."""
+    controller = HACPOController(cfg)
     try:
         with pytest.raises(CheckpointError) as info:
-            resumed._prepare_run_folder()
+            controller._prepare_run_folder()
     finally:
-        resumed.close()
-    message = str(info.value)
+        controller.close()
+    return str(info.value)
+
+
+def test_resume_with_other_settings_lists_the_differences(tmp_path):
+    _checkpoint_of(build_config(_flags(tmp_path, "--seed", "1")))
+    message = _refusal(build_config(_flags(tmp_path, "--seed", "2", "--algorithm", "gspo", "--resume")))
     assert "--resume_accept_mismatch" in message
     assert "seed: checkpoint 1, this run 2" in message
     assert "algo.algorithm: checkpoint 'hacpo', this run 'gspo'" in message
@@ -122,12 +127,6 @@ def test_a_resume_keeps_the_one_step_off_schedule(tmp_path, saved, resumed):
     a synchronous checkpoint with the overlap, or with the other own-row old log-probs is refused by name."""
     engines = ("--rollout_backend", "hf_engine")
     _checkpoint_of(build_config(_flags(tmp_path, *engines, *saved)))
-    controller = HACPOController(build_config(_flags(tmp_path, *engines, *resumed, "--resume")))
-    try:
-        with pytest.raises(CheckpointError) as info:
-            controller._prepare_run_folder()
-    finally:
-        controller.close()
-    message = str(info.value)
+    message = _refusal(build_config(_flags(tmp_path, *engines, *resumed, "--resume")))
     field = "own_old_logp" if saved and resumed else "one_step_off"
     assert f"{field}: checkpoint" in message

@@ -13,6 +13,7 @@ from openrlhf_hacpo.cli.train_hacpo import build_config, run
 from openrlhf_hacpo.rollout import RolloutStore, build_learner_batch
 from openrlhf_hacpo.trainer.controller import HACPOController, TrainingError
 from openrlhf_hacpo.utils.jsonl import read_records
+from reference_logprobs import prompt_ids, sequence_logprobs
 
 pytestmark = pytest.mark.e2e
 
@@ -40,22 +41,9 @@ def _load(path):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64).eval(), AutoTokenizer.from_pretrained(path)
 
 
-def _prompt_ids(tokenizer, messages):
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, enable_thinking=False)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
 @torch.no_grad()
-def _sequence_logprobs(model, prompt_ids, response_ids) -> list[float]:
-    """float64 log softmax of the response tokens given the prompt (independent of the trainer's code path)."""
-    ids = torch.tensor([prompt_ids + response_ids])
-    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1: -1].double()
-    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(response_ids)[:, None])[:, 0].tolist()
-
-
-@torch.no_grad()
-def _greedy(model, tokenizer, prompt_ids, max_new_tokens) -> str:
-    ids = list(prompt_ids)
+def _greedy(model, tokenizer, prompt, max_new_tokens) -> str:
+    ids = list(prompt)
     out = []
     for _ in range(max_new_tokens):
         token = int(model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
@@ -95,7 +83,7 @@ def test_two_heterogeneous_agents_train_together_and_resume_exactly(ray_cluster,
     source_mean = {}
     for i, traj in enumerate(step1):
         model, tokenizer = initial[cfg.agent_names[traj.source]]
-        recomputed = _sequence_logprobs(model, _prompt_ids(tokenizer, traj.prompt), traj.action_token_ids())
+        recomputed = sequence_logprobs(model, prompt_ids(tokenizer, traj.prompt), traj.action_token_ids())
         assert traj.source_logp_sum == pytest.approx(math.fsum(recomputed), abs=2e-4)
         source_mean[i] = math.fsum(recomputed) / len(recomputed)
     for k, name in enumerate(cfg.agent_names):  # records[k]: step 1 of agent k
@@ -113,7 +101,7 @@ def test_two_heterogeneous_agents_train_together_and_resume_exactly(ray_cluster,
         batch = build_learner_batch(last, k, tokenizer, view_config(cfg))
         for traj, row in zip(last, batch.rows):
             assert row.is_own == (traj.source == k)
-            assert tokenizer.decode(row.prompt_ids) == tokenizer.decode(_prompt_ids(tokenizer, traj.prompt))
+            assert tokenizer.decode(row.prompt_ids) == tokenizer.decode(prompt_ids(tokenizer, traj.prompt))
             if row.is_own:
                 assert row.response_ids == traj.action_token_ids()
             elif traj.response_text and tokenizer.unk_token_id not in row.response_ids:
@@ -142,7 +130,7 @@ def test_two_heterogeneous_agents_train_together_and_resume_exactly(ray_cluster,
     reward = get_reward_fn(cfg.reward_fn)
     for rec in evals[-2:]:  # the last step's, made with the exported weights
         model, tokenizer = _load(out / "hf" / rec["agent"])
-        responses = [_greedy(model, tokenizer, _prompt_ids(tokenizer, r.prompt), cfg.generate_max_len)
+        responses = [_greedy(model, tokenizer, prompt_ids(tokenizer, r.prompt), cfg.generate_max_len)
                      for r in eval_records]
         expected = reward(responses, ["x"] * len(responses), [r.label for r in eval_records])
         assert rec["accuracy"] == pytest.approx(sum(v > 0 for v in expected) / len(expected))
