@@ -14,9 +14,14 @@ its rows (eq. 11), needed before their probes decide. The step therefore runs in
 1. :func:`own_rows_first`: every learner builds its view, forwards and backwards its own rows of update 0 (no
    optimizer step: gradients accumulate), scores its own rows of later updates, and returns these per-token
    values, keyed by the trajectory's position in the step;
-2. the controller records them in the trajectories (:func:`record_old_logps`) and hands every learner each
-   trajectory's ``old_logp_mean``; :func:`finish_step` then probes the foreign rows of update 0, runs the kept ones
-   through the backward pass, takes the optimizer step and runs updates m = 1, 2, ... as usual.
+2. the controller records them in the trajectories (:func:`record_old_logps`: each row's sum and token count, not
+   the per-token values, cross the process boundary) and hands every learner each trajectory's ``old_logp_mean``;
+   :func:`finish_step` then probes the foreign rows of update 0, runs the kept ones through the backward pass,
+   takes the optimizer step and runs updates m = 1, 2, ... as usual.
+
+Under ``gspo`` and ``grpo`` no learner reads another's old log-probs, so there is no exchange: each learner runs
+both phases in one call (:meth:`UpdateLoop.train_step`) and hands its rows' sums back with the step's result, for
+the trajectories the driver keeps (rollout dumps).
 
 Nothing in the loss depends on the split: its denominators are the global mini-batch totals (``LossTotals``), the
 same whichever rows the probe keeps and whichever phase a row's backward runs in.
@@ -43,7 +48,7 @@ from openrlhf_hacpo.utils.padding import micro_batch_groups
 if TYPE_CHECKING:
     from openrlhf_hacpo.actors.update_loop import UpdateLoop
 
-__all__ = ["check_dropout_free", "finish_step", "own_rows_first", "record_old_logps"]
+__all__ = ["check_dropout_free", "finish_step", "old_logp_sums", "old_means_of", "own_rows_first", "record_old_logps"]
 
 
 @dataclass
@@ -121,13 +126,20 @@ def finish_step(loop: "UpdateLoop", old_means: Sequence[float]) -> RankTrainResu
     return loop._run_updates(prepared, first=1)
 
 
-def record_old_logps(trajectories: Sequence[Trajectory], parts: Sequence[Mapping[int, torch.Tensor]]) -> list[float]:
-    """The controller's side of the exchange: every learner's phase-1 values (trajectory position -> old log-probs
-    of the action tokens) recorded in the step's trajectories; returns each trajectory's ``old_logp_mean``."""
+def old_logp_sums(values: Mapping[int, torch.Tensor]) -> dict[int, tuple[float, int]]:
+    """Per-token old log-probs by trajectory position -> (their exact sum, their count): what leaves the learner."""
+    return {p: (math.fsum(v.tolist()), len(v)) for p, v in values.items()}
+
+
+def record_old_logps(trajectories: Sequence[Trajectory],
+                     parts: Sequence[Mapping[int, tuple[float, int]]]) -> list[float]:
+    """The controller's side of the exchange: every learner's :func:`old_logp_sums` (trajectory position -> sum and
+    count of the action tokens' old log-probs) recorded in the step's trajectories; returns each trajectory's
+    ``old_logp_mean``."""
     for part in parts:
-        for p, values in part.items():
+        for p, (total, count) in part.items():
             if trajectories[p].source_logp_sum is None:
-                trajectories[p].set_old_logps(values)
+                trajectories[p].set_old_logp_sum(total, count)
     missing = [p for p, t in enumerate(trajectories) if t.source_logp_sum is None]
     if missing:
         t = trajectories[missing[0]]

@@ -190,11 +190,11 @@ class PolicyWorker:
         return self.updater.train_step(trajectories, step, ratios)
 
     def train_own_rows_first(self, trajectories: Sequence[Trajectory], step: int,
-                             ratios: CapabilityRatios) -> dict[int, torch.Tensor]:
-        """Phase 1 of a step with ``old_logp_from_update``: this rank's own rows' old log-probs, by trajectory
-        position (see :func:`~openrlhf_hacpo.actors.first_update.own_rows_first`)."""
+                             ratios: CapabilityRatios) -> dict[int, tuple[float, int]]:
+        """Phase 1 of a step with ``old_logp_from_update``: the sums and counts of this rank's own rows' old
+        log-probs, by trajectory position (see :func:`~openrlhf_hacpo.actors.first_update.own_rows_first`)."""
         self.wake()
-        return first_update.own_rows_first(self.updater, trajectories, step, ratios)
+        return first_update.old_logp_sums(first_update.own_rows_first(self.updater, trajectories, step, ratios))
 
     def train_finish(self, old_means: Sequence[float]) -> RankTrainResult:
         """Phase 2: every trajectory's old log-prob mean in, the step's updates out

@@ -6,7 +6,7 @@ its ranks' results into one :class:`RolloutResult` and one :class:`TrainStepResu
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from openrlhf_hacpo.rollout import Trajectory
@@ -85,6 +85,9 @@ class RankTrainResult:
     skipped_updates_total: int
     updates: int
     timings: dict[str, float]
+    old_logp_sums: dict[int, tuple[float, int]] = field(default_factory=dict)
+    """``old_logp_from_update`` without an exchange (gspo, grpo): this rank's own rows' old log-prob sums and token
+    counts by trajectory position (:func:`~openrlhf_hacpo.actors.first_update.old_logp_sums`)."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ class TrainStepResult:
 
     ``skipped_updates`` counts this step's skipped (non-finite) updates, ``skipped_updates_total`` the run's;
     ``updates`` is the number of mini-batch updates the step planned; ``timings`` the slowest rank's seconds per
-    phase.
+    phase; ``old_logp_sums`` every rank's :attr:`RankTrainResult.old_logp_sums`.
     """
 
     metrics: dict[str, float]
@@ -101,6 +104,7 @@ class TrainStepResult:
     skipped_updates_total: int
     updates: int
     timings: dict[str, float]
+    old_logp_sums: dict[int, tuple[float, int]] = field(default_factory=dict)
 
     @staticmethod
     def combine(parts: Sequence[RankTrainResult]) -> "TrainStepResult":
@@ -111,4 +115,5 @@ class TrainStepResult:
             skipped_updates_total=parts[0].skipped_updates_total,
             updates=parts[0].updates,
             timings=slowest([p.timings for p in parts]),
+            old_logp_sums={pos: v for p in parts for pos, v in p.old_logp_sums.items()},
         )

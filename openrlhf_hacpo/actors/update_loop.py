@@ -27,6 +27,7 @@ counts them.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any, Callable, Sequence
 
 import torch
@@ -87,11 +88,13 @@ class UpdateLoop:
 
         ``ratios`` are the capability ratios from the tracker (pre-update, shared by learners); ``step`` is 1-based.
         With ``old_logp_from_update`` both phases of :mod:`.first_update` run at once (other sources' trajectories
-        must then be scored already).
+        must then be scored already: gspo and grpo read none) and the result carries the own rows' old log-prob
+        sums.
         """
         if self.cfg.old_logp_from_update:
             own = first_update.own_rows_first(self, trajectories, step, ratios)
-            return first_update.finish_step(self, first_update.old_means_of(trajectories, own))
+            result = first_update.finish_step(self, first_update.old_means_of(trajectories, own))
+            return replace(result, old_logp_sums=first_update.old_logp_sums(own))
         prepared = self._prepare(trajectories, step, ratios)
         record_view_stats(prepared.batch, prepared.advantages, prepared.stats,
                           [a.name for a in self.cfg.resolved_agents()])

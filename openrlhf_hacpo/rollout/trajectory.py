@@ -245,11 +245,15 @@ class Trajectory:
         learner (``old_logp_from_update``): ``source_logp_sum`` becomes their sum; the per-token values stay with
         that learner (``source_logp`` is left empty)."""
         values = action_logps.tolist() if isinstance(action_logps, torch.Tensor) else [float(x) for x in action_logps]
+        self.set_old_logp_sum(math.fsum(values), len(values))
+
+    def set_old_logp_sum(self, total: float, count: int) -> None:
+        """:meth:`set_old_logps` given the sum of the ``count`` action tokens' old log-probs (what a learner sends)."""
         where = f"Trajectory({self.prompt_id!r}, source={self.source})"
-        if len(values) != self.source_num_tokens:
-            raise ValueError(f"{where}: {len(values)} old log-probs for {self.source_num_tokens} action tokens")
+        if count != self.source_num_tokens:
+            raise ValueError(f"{where}: {count} old log-probs for {self.source_num_tokens} action tokens")
         self.source_logp = torch.empty(0, dtype=torch.float32)
-        self.source_logp_sum = math.fsum(values)
+        self.source_logp_sum = float(total)
         self._check_sum(where)
 
     def __eq__(self, other: object) -> bool:

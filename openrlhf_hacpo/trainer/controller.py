@@ -4,8 +4,8 @@ One step t:
 
 1. **rollout**: every agent samples G responses for the same prompt batch, concurrently; each agent's policy
    recomputes the old log-probs of its own responses at the rollout temperature (docs/training.md, "One step"),
-   or, with ``old_logp_from_update``, its learner records them at its first update (step 4 then runs in two phases,
-   :mod:`~openrlhf_hacpo.actors.first_update`);
+   or, with ``old_logp_from_update``, its learner records them at its first update (for ``hacpo`` and ``naive``
+   step 4 then runs in two phases, :mod:`~openrlhf_hacpo.actors.first_update`);
 2. **reward**: every response is verified once, from its source's text (docs/training.md, "One step"), and stored in
    the shared :class:`~openrlhf_hacpo.rollout.RolloutStore`;
 3. **capability**: the tracker appends each agent's P_τ and gives P̂ and the clipped ratio matrix (eqs. 8–9);
@@ -469,6 +469,10 @@ class HACPOController:
                 training = [g.train_step(shared, step, ratios) for g in self.groups]
                 generating = self._start_rollouts(step + 1, prompts, rendered) if overlap else None
                 trained: list[TrainStepResult] = wait_all(training)
+            elif not cfg.trains_on_foreign:  # gspo / grpo: no learner reads another's old log-probs, one call each
+                trained = wait_all([g.train_step(shared, step, ratios) for g in self.groups])
+                record_old_logps(trajectories, [t.old_logp_sums for t in trained])
+                generating = None
             else:  # own rows first, their old log-probs to every learner, then the rest (actors/first_update)
                 own = wait_all([g.train_own_rows_first(shared, step, ratios) for g in self.groups])
                 old_means = record_old_logps(trajectories, own)

@@ -103,7 +103,11 @@ def test_a_trajectory_scored_by_its_learner():
         traj.old_logp_mean
     with pytest.raises(ValueError, match="3 old log-probs for 2 action tokens"):
         traj.set_old_logps([-1.0, -2.0, -3.0])
-    means = first_update.record_old_logps([traj], [{0: torch.tensor([-1.0, -2.5])}])
+    sums = first_update.old_logp_sums({0: torch.tensor([-1.0, -2.5])})
+    assert sums == {0: (-3.5, 2)}
+    with pytest.raises(ValueError, match="1 old log-probs for 2 action tokens"):
+        first_update.record_old_logps([traj], [{0: (-3.5, 1)}])
+    means = first_update.record_old_logps([traj], [sums])
     assert means == [-1.75] and traj.source_logp_sum == -3.5
     assert Trajectory.from_dict(traj.to_dict()) == traj
 

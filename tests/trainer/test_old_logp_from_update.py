@@ -2,9 +2,9 @@
 ``--old_logp_from_update`` (own rows first, their old log-probs to every learner, then the rest) against the
 scoring pass.
 
-The same HACPO run (2 agents, 2 updates per learner and step, so phase 1 also scores the own rows of the second
-update; 2 steps on one rank) with and without the flag must end with the same weights and the same non-timing
-metrics, and the saving run's rollout dump must hold every trajectory's old log-prob sum. With 2 ZeRO-3 ranks (one
+The same HACPO (and GSPO) run (2 agents, 2 updates per learner and step, so phase 1 also scores the own rows of the
+second update; 2 steps on one rank) with and without the flag must end with the same weights and the same
+non-timing metrics, and the saving run's rollout dump must hold every trajectory's old log-prob sum. With 2 ZeRO-3 ranks (one
 step) the ranks' forwards stay in step in both phases (a mismatch hangs or fails ZeRO-3's gathers).
 """
 from __future__ import annotations
@@ -20,8 +20,9 @@ from fit_weights import fit_with_weights
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
 
-def train(tmp_path, base_args, agents: list[str], steps: int, *extra: str):
-    cfg = build_config(base_args(tmp_path, *agents, "--algorithm", "hacpo", "--train_batch_size", "8",
+def train(tmp_path, base_args, agents: list[str], steps: int, *extra: str, algorithm: str = "hacpo"):
+    rows = 8 if algorithm == "hacpo" else 4  # a learner's rows per step: 16 with foreign rows, 8 without
+    cfg = build_config(base_args(tmp_path, *agents, "--algorithm", algorithm, "--train_batch_size", str(rows),
                                  "--max_steps", str(steps), "--no_save_hf", "--save_rollouts", *extra))
     history, weights = fit_with_weights(cfg)
     return [r for step in history for r in step], weights
@@ -43,11 +44,15 @@ def assert_same_run(scored, saving, saving_path, steps: int):
     assert dumped and all(isinstance(t["source_logp_sum"], float) for t in dumped)
 
 
-def test_one_rank_each(tmp_path, tiny_agents, base_args):
+@pytest.mark.parametrize("algorithm", ["hacpo", "gspo"])
+def test_one_rank_each(tmp_path, tiny_agents, base_args, algorithm):
+    """HACPO runs the two phases with the exchange between them; GSPO one call per learner, whose result brings
+    the old log-prob sums the rollout dump holds."""
     agents = ["--agent", f"name=llama,pretrain={tiny_agents['llama']}", "--agent",
               f"name=qwen,pretrain={tiny_agents['qwen']}"]
-    assert_same_run(train(tmp_path / "scored", base_args, agents, 2, "--no_ray"),
-                    train(tmp_path / "saving", base_args, agents, 2, "--no_ray", "--old_logp_from_update"),
+    assert_same_run(train(tmp_path / "scored", base_args, agents, 2, "--no_ray", algorithm=algorithm),
+                    train(tmp_path / "saving", base_args, agents, 2, "--no_ray", "--old_logp_from_update",
+                          algorithm=algorithm),
                     tmp_path / "saving", 2)
 
 
