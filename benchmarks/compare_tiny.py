@@ -166,6 +166,10 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("lora", f"HACPO, LoRA r={LORA_RANK} (α {LORA_ALPHA}, lr {LORA_LR:g})", "hacpo", kind="lora",
         reference="hacpo", extra=("--lora_rank", str(LORA_RANK), "--lora_alpha", str(LORA_ALPHA),
                                   "--actor_learning_rate", f"{LORA_LR:g}")),
+    Arm("hacpo-overlap", "HACPO, one step off (behaviour old log-probs)", "hacpo", kind="overlap",
+        reference="hacpo", extra=("--rollout_backend", "hf_engine", "--one_step_off", "--own_old_logp", "behaviour")),
+    Arm("hacpo-overlap-recompute", "HACPO, one step off (recomputed old log-probs)", "hacpo", kind="overlap",
+        reference="hacpo", extra=("--rollout_backend", "hf_engine", "--one_step_off", "--own_old_logp", "recompute")),
 )}
 MAIN_COMPARISONS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive"))
 """(arm, baseline) pairs of the headline comparison."""
@@ -173,7 +177,8 @@ GROUPS = {"main": [a for a in ARMS if ARMS[a].kind == "main"],
           "ablations": [a for a in ARMS if ARMS[a].kind == "ablation"],
           "levers": [a for a in ARMS if ARMS[a].kind == "lever"]}
 GROUPS["all"] = GROUPS["main"] + GROUPS["ablations"]
-DEFAULT_SEEDS = {"main": (0, 1, 2, 3, 4), "ablation": (0, 1), "lever": (0, 1), "lora": (0, 1, 2)}
+DEFAULT_SEEDS = {"main": (0, 1, 2, 3, 4), "ablation": (0, 1), "lever": (0, 1), "lora": (0, 1, 2),
+                 "overlap": (0, 1, 2, 3, 4)}
 
 
 def _log(message: str) -> None:

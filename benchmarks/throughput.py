@@ -21,7 +21,8 @@ rollouts/s, generated and trained tokens/s, rows and tokens through the backward
 memory, each as a ratio to GSPO, and per agent the median seconds of every phase the trainer logs. A run that fails
 leaves those files as they were and writes its error to ``throughput_<config>.failed.md`` beside them.
 
-``--time_to_accuracy`` (tiny presets): one longer run of GSPO ×2 and of HACPO with periodic evaluation; for every
+``--time_to_accuracy`` (tiny presets): one longer run of GSPO ×2 and of HACPO (``--arms``: any arms, optional ones
+included, with gspo2x among them) with periodic evaluation; for every
 agent, the training seconds (Σ time/step) until HACPO first reaches the final accuracy of GSPO ×2 (mean of its
 last two evaluations), against GSPO ×2's own; written to ``throughput_<config>_accuracy.{md,json,png}``.
 
@@ -410,10 +411,10 @@ def _time_to_accuracy(args: argparse.Namespace, setup: Setup, root: Path, extra:
 
     rl = get_preset(setup.tiny_preset).rl
     arms = ("gspo2x", "hacpo") if args.arms is None else tuple(a.strip() for a in args.arms.split(",") if a.strip())
-    unknown = [a for a in arms if a not in setup.arms]
+    unknown = [a for a in arms if a not in setup.arms + OPTIONAL_ARMS]
     if unknown or "gspo2x" not in arms:
-        raise ValueError(f"--time_to_accuracy --arms must include gspo2x and be arms of --config {setup.name}, "
-                         f"got {','.join(arms)}")
+        raise ValueError(f"--time_to_accuracy --arms must include gspo2x and be arms of --config {setup.name} "
+                         f"({', '.join(setup.arms + OPTIONAL_ARMS)}), got {','.join(arms)}")
     steps, eval_steps = args.steps or rl.num_steps, args.eval_steps or rl.eval_every
     if args.rounds not in (None, 1):
         raise ValueError("--time_to_accuracy makes one run per arm; leave --rounds out")

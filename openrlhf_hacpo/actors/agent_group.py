@@ -402,13 +402,14 @@ class AgentGroup:
         agents' phases overlap however the driver waits. The ``generate`` phase runs from the rendering to the engines'
         outputs (read when the driver waits for them); the ranks' results bring their ``scoring``.
 
-        With ``--own_old_logp behaviour`` the engines also return their log-probs of the sampled tokens, which the
-        driver attaches to the trajectories (``Trajectory.behaviour_logp``).
+        With ``--own_old_logp behaviour`` (``auto`` in a one-step-off run at temperature 1) the engines also return
+        their log-probs of the sampled tokens, which the driver attaches to the trajectories
+        (``Trajectory.behaviour_logp``).
         """
         timer = PhaseTimer()
         generated = timer.start("generate")  # ends when the engines' outputs are in
         version = self.engine_version
-        behaviour = self.cfg.own_old_logp == "behaviour"
+        behaviour = self.cfg.resolved_own_old_logp == "behaviour"
         if behaviour:
             sampling = replace(sampling, return_logprobs=True)
         if rendered is None:

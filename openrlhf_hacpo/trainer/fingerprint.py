@@ -23,9 +23,9 @@ _RUN_FIELDS = ("seed", "prompt_data", "input_key", "label_key", "max_samples", "
 _AGENT_FIELDS = ("pretrain", "tokenizer", "learning_rate", "zero_stage", "bf16", "dp_size")
 _LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
 """Fingerprinted for agents with ``lora_rank`` > 0 only, so full-parameter fingerprints stay as they were."""
-_OVERLAP_FIELDS = ("one_step_off", "own_old_logp")
-"""Fingerprinted for ``--one_step_off`` runs only: their rows are generated one version stale and their checkpoints
-hold the next step's batch, so a resume must keep the schedule (synchronous fingerprints stay as they were)."""
+# one_step_off and own_old_logp (its resolved value: auto is stored as what it chose) are fingerprinted for
+# --one_step_off runs only: their rows are generated one version stale and their checkpoints hold the next step's
+# batch, so a resume must keep the schedule (synchronous fingerprints stay as they were)
 
 
 def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
             out[f"algo.{section}"] = _plain(values)
     out.update({name: _plain(getattr(cfg, name)) for name in _RUN_FIELDS})
     if cfg.one_step_off:
-        out.update({name: getattr(cfg, name) for name in _OVERLAP_FIELDS})
+        out.update({"one_step_off": True, "own_old_logp": cfg.resolved_own_old_logp})
     for agent in cfg.resolved_agents():
         out.update({f"agent.{agent.name}.{k}": _plain(getattr(agent, k)) for k in _AGENT_FIELDS})
         if agent.lora_rank:  # a LoRA agent's checkpoint holds its adapter: rank and targets must match on resume

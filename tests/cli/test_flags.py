@@ -50,8 +50,8 @@ ADDED_FLAGS = {
     "no_memory_check": "the memory plan refuses a layout it estimates too large unless this is given: a launch check "
                        "only, not fingerprinted",
     "one_step_off": "generation overlapped with training, off by default: fingerprinted only when given",
-    "own_old_logp": "own rows' old log-probs with one_step_off, recompute by default: fingerprinted with "
-                    "one_step_off",
+    "own_old_logp": "own rows' old log-probs with one_step_off, auto by default (behaviour at temperature 1): "
+                    "fingerprinted, as resolved, with one_step_off",
 }
 """Flags added since the fixture was captured, each with its reason."""
 ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "length_grouping": True,
@@ -59,7 +59,7 @@ ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "leng
                 "lora_rank": 0, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear",
                 "adam_offload": False, "param_offload": False, "deepspeed_enable_sleep": False,
                 "ref_reward_offload": False, "gpu_memory_gb": None, "memory_check": True,
-                "old_logp_from_update": False, "one_step_off": False, "own_old_logp": "recompute"}
+                "old_logp_from_update": False, "one_step_off": False, "own_old_logp": "auto"}
 ADDED_AGENT_FIELDS = {"node": None,  # pins an agent to a node (placement only, not fingerprinted)
                       "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "target_modules": None,
                       "adam_offload": None, "param_offload": None, "deepspeed_enable_sleep": None,

@@ -121,7 +121,7 @@ def test_the_fingerprint_is_taken_from_the_settings_as_given(tmp_path):
 
 
 @pytest.mark.parametrize("saved, resumed", [((), ("--one_step_off",)), (("--one_step_off",), ()),
-                                            (("--one_step_off",), ("--one_step_off", "--own_old_logp", "behaviour"))])
+                                            (("--one_step_off",), ("--one_step_off", "--own_old_logp", "recompute"))])
 def test_a_resume_keeps_the_one_step_off_schedule(tmp_path, saved, resumed):
     """A one-step-off checkpoint holds the next step's batch, generated one version stale: resuming it synchronously,
     a synchronous checkpoint with the overlap, or with the other own-row old log-probs is refused by name."""

@@ -232,9 +232,13 @@ def test_refusals_name_the_flags(tmp_path, flags, named):
 
 
 def test_accepted_combinations(tmp_path):
-    assert _cfg(tmp_path, one_step_off=True).own_old_logp == "recompute"
+    # auto: the behaviour policy's log-probs in a one-step-off run at temperature 1, else the scoring pass
+    assert _cfg(tmp_path, one_step_off=True).resolved_own_old_logp == "behaviour"
+    assert _cfg(tmp_path, one_step_off=True, temperature=0.7).resolved_own_old_logp == "recompute"
+    assert _cfg(tmp_path).resolved_own_old_logp == "recompute"
+    assert _cfg(tmp_path, one_step_off=True, own_old_logp="recompute").resolved_own_old_logp == "recompute"
     assert _cfg(tmp_path, one_step_off=True, rollout_backend="vllm").one_step_off
-    assert _cfg(tmp_path, one_step_off=True, own_old_logp="behaviour").own_old_logp == "behaviour"
+    assert _cfg(tmp_path, one_step_off=True, own_old_logp="behaviour").resolved_own_old_logp == "behaviour"
     assert not _cfg(tmp_path).one_step_off
 
 
