@@ -75,8 +75,9 @@ class AgentGroup:
         self._broadcast_ready = False
         self._engines_sleep = False
         self._engines_awake = False
-        # weights versions (training steps taken): the learner's, and the one its engines hold since the last sync;
-        # every rollout stamps its trajectories with the version that generated them (Trajectory.policy_version)
+        # weights versions (training steps taken): the learner's (set by the controller after each step and on
+        # resume), and the one its engines hold since the last sync; every rollout stamps its trajectories with the
+        # version that generated them (Trajectory.policy_version)
         self.policy_version = 0
         self.engine_version = 0
 
@@ -418,6 +419,7 @@ class AgentGroup:
         self._wake_engines()
         engine_shards = [s for s in split_shards(indices, len(self.engines)) if s]
         engines = self.engines[:len(engine_shards)]
+
         def generation_done(outputs: list[list[GenerationOutput]]) -> list[list[GenerationOutput]]:
             generated()
             return outputs
@@ -495,12 +497,8 @@ class AgentGroup:
             import ray
 
             trajectories = ray.put(list(trajectories))  # one copy for all ranks
-        return self._all_policies(PolicyWorker.train_step, trajectories, step, ratios, combine=self._trained)
-
-    def _trained(self, parts: Sequence[Any]) -> TrainStepResult:
-        """The ranks' results of a training step as one; the learner's weights are one version further."""
-        self.policy_version += 1
-        return TrainStepResult.combine(parts)
+        return self._all_policies(PolicyWorker.train_step, trajectories, step, ratios,
+                                  combine=TrainStepResult.combine)
 
     def train_own_rows_first(self, trajectories: Any, step: int, ratios: CapabilityRatios) -> Pending:
         """Phase 1 of a step with ``old_logp_from_update`` (:mod:`~openrlhf_hacpo.actors.first_update`): the result
@@ -510,7 +508,7 @@ class AgentGroup:
 
     def train_finish(self, old_means: Sequence[float]) -> Pending:
         """Phase 2: the step's updates, given every trajectory's old log-prob mean; a :class:`TrainStepResult`."""
-        return self._all_policies(PolicyWorker.train_finish, list(old_means), combine=self._trained)
+        return self._all_policies(PolicyWorker.train_finish, list(old_means), combine=TrainStepResult.combine)
 
     def sync_weights(self) -> float:
         """Copy the policy's weights into the agent's engines (vLLM or HF); returns seconds spent (0 without

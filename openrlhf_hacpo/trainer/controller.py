@@ -390,6 +390,8 @@ class HACPOController:
             # 4) every learner from the same pre-step snapshots, concurrently (and the next batch's generation)
             versions = [g.policy_version for g in self.groups]
             trained, self.in_flight = self._train_and_generate(step, trajectories, ratios, timer)
+            for group in self.groups:  # the weights every learner now holds
+                group.policy_version = step
             if cfg.save_rollouts:  # after training: with old_logp_from_update the learners scored them
                 self.store.dump_jsonl(step, Path(cfg.save_path) / "rollouts" / f"step_{step:06d}.jsonl")
 

@@ -69,8 +69,7 @@ class StandInGroup:
     def train_step(self, trajectories, step, ratios):
         self.log.append(("train", self.name, step))
         self.trained_on[step] = tuple(t.policy_version for t in trajectories)
-        self.learner += 1
-        self.policy_version += 1
+        self.learner += 1  # policy_version is the controller's to set once the step's updates are in
         result = TrainStepResult(metrics={"loss": float(step)}, skipped_updates=0, skipped_updates_total=0,
                                  updates=1, timings={})
         return _Done(result, lambda: self.log.append(("train_result", self.name, step)))
