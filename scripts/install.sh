@@ -75,7 +75,4 @@ if builder.is_compatible():
     builder.load(verbose=False)
     print(f"[install] ok: DeepSpeed {builder.absolute_name()} built")
 PY
-# And the same shared-memory op as benchmarks/gpu_train_check.sh compiles it in the test of that check (a restricted
-# Python with DeepSpeed from the carried folder, both in .cache/gpu_train_check): over a minute once, here.
-"$VENV/bin/python" "$ROOT/tests/gpu_stack/train_check_cache.py" || echo "[install] warning: the GPU train check's shared-memory op did not build; its test builds it on first use" >&2
 stamp_of > "$STAMP"

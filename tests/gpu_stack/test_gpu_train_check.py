@@ -28,7 +28,7 @@ def _run(args: list[str], timeout: float, **env: str) -> subprocess.CompletedPro
 
 # Kept in the project's cache folder (tests/gpu_stack/train_check_cache.py), as the zoo's agents are: the train check's
 # DeepSpeed op build (below) and the restricted Python whose torch headers it compiles against, each at one place per
-# checkout; scripts/install.sh builds that op there ahead.
+# checkout; tests/run.sh builds that op there ahead (train_check_cache.py).
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_the_train_check_passes_on_cpu_with_deepspeed_from_the_carried_folder(gp
     # JIT-compiles from its sources is kept beside it. The op's build command names the folder's and the restricted
     # Python's include paths, so it is a build of its own, apart from the ops scripts/install.sh prebuilt for the .venv
     # in the shared TORCH_EXTENSIONS_DIR (which it would otherwise rebuild over); and as those paths stay the same and
-    # build_carry_deps.sh copies files with their times, ninja finds the build that scripts/install.sh made there
+    # build_carry_deps.sh copies files with their times, ninja finds the build that tests/run.sh made there
     # (train_check_cache.prebuild) up to date (without it, the first session compiles it: over a minute on 2 cores).
     # The offload configurations are left out here: on a CPU they would compile cpu_adam as well, and
     # tests/gpu_stack/test_offload.py checks them with the .venv's prebuilt op.

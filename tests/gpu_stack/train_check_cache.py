@@ -1,5 +1,6 @@
 """The places in the project's cache folder that tests/gpu_stack/test_gpu_train_check.py runs
-benchmarks/gpu_train_check.sh with, and the DeepSpeed op that check compiles, built ahead by scripts/install.sh.
+benchmarks/gpu_train_check.sh with, and the DeepSpeed op that check compiles, built ahead by tests/run.sh (before an
+e2e tier, when it is missing).
 
 The check runs a restricted Python (``gpu_image/python``: torch, Triton, transformers, no DeepSpeed) with DeepSpeed
 from the carried folder (``deps``, made by benchmarks/build_carry_deps.sh), and DeepSpeed JIT-compiles its CPU
@@ -7,7 +8,7 @@ shared-memory op into ``torch_extensions`` on first use: over a minute on 2 core
 carried folder's and the restricted Python's include paths, so it is a build apart from the .venv's ops; built here
 once at the same places with the same command, the check finds it up to date (ninja) and loads it.
 
-    .venv/bin/python tests/gpu_stack/train_check_cache.py    # what scripts/install.sh runs
+    .venv/bin/python tests/gpu_stack/train_check_cache.py    # what tests/run.sh runs when the op is missing
 """
 from __future__ import annotations
 
