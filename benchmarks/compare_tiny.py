@@ -644,6 +644,69 @@ def parse_arms(text: str) -> list[str]:
     return names
 
 
+def add_seed_run_options(parser: argparse.ArgumentParser, default_seeds: Sequence[int]) -> None:
+    """The options of a script that runs one arm over seeds and compares it with a committed report
+    (``compare_tiny_lora.py``, ``compare_tiny_overlap.py``)."""
+    parser.add_argument("--seeds", default=",".join(map(str, default_seeds)))
+    parser.add_argument("--steps", type=int, default=None, help="training steps per run [preset: 80]")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    parser.add_argument("--runs_dir", type=Path, default=None,
+                        help="where run folders go [compare_tiny.py's: <runs>/compare_tiny/model-<steps>steps]")
+    parser.add_argument("--results_dir", type=Path, default=RESULTS_DIR)
+    parser.add_argument("--report_only", action="store_true")
+
+
+def per_seed_rows(base: Mapping[str, Any], other: Mapping[str, Any], seeds: Sequence[int],
+                  agents: Sequence[str]) -> list[str]:
+    """Markdown rows ``| seed | base / other | ...`` of two aggregated arms' final accuracies, one per seed."""
+    return [f"| {s} | " + " | ".join(f"{fmt(base['agents'][a]['final_by_seed'][str(s)])} / "
+                                     f"{fmt(other['agents'][a]['final_by_seed'][str(s)])}" for a in agents) + " |"
+            for s in seeds]
+
+
+def paired_row(label: str, other: Mapping[str, Any], base: Mapping[str, Any], agents: Sequence[str]) -> str:
+    """The markdown row of ``other − base`` paired by seed, per agent: mean ± std and the seeds above zero."""
+    pairs = paired_differences(other, base)
+    return f"| {label} | " + " | ".join(
+        f"{fmt_pm(pairs[a]['mean'], pairs[a]['std'], signed=True)} ({pairs[a]['positive']}/{len(pairs[a]['diffs'])} "
+        "seeds > 0)" for a in agents) + " |"
+
+
+def seed_run_setup(parser: argparse.ArgumentParser, args: argparse.Namespace, preset_name: str):
+    """``(seeds, preset, steps, runs folder)`` from :func:`add_seed_run_options`' options (``parser.error`` on bad
+    ones); one thread per process, as :func:`run_all` runs them."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        seeds = parse_seeds(args.seeds)
+        if args.jobs < 1:
+            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    except ValueError as err:
+        parser.error(str(err))
+    preset = get_preset(preset_name)
+    steps = args.steps or preset.rl.num_steps
+    root = args.runs_dir or default_runs_dir() / "compare_tiny" / f"{preset.name}-{steps}steps"
+    return seeds, preset, steps, root
+
+
+def run_arm_seeds(arm: Arm, seeds: Sequence[int], preset, steps: int, root: Path, jobs: int,
+                  fingerprints: Mapping[str, str], command: str, report_only: bool) -> tuple[dict[int, Any], str | None]:
+    """Run ``arm``'s missing seeds into ``root`` (unless ``report_only``; the command is appended to the folder's
+    commands file) and collect the finished ones: ``({seed: summary}, None)``, or the failure to report."""
+    failures: list[str] = []
+    if not report_only:
+        root.mkdir(parents=True, exist_ok=True)
+        with open(root / COMMANDS_FILE, "a", encoding="utf-8") as f:
+            f.write(command + "\n")
+        t0 = time.perf_counter()
+        failures = run_all([(arm, s) for s in seeds], preset, steps, root, jobs, fingerprints)
+        _log(f"runs finished in {time.perf_counter() - t0:.0f} s")
+    found = {s: v for s, v in collect(root, preset, steps, fingerprints).get(arm.name, {}).items() if s in seeds}
+    if failures or set(found) != set(seeds):
+        return found, "failed or missing runs: " + "; ".join(
+            failures or [f"seeds {sorted(set(seeds) - set(found))}"])
+    return found, None
+
+
 def parse_seeds(text: str) -> tuple[int, ...]:
     try:
         seeds = tuple(int(s) for s in text.split(",") if s.strip())

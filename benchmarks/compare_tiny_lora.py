@@ -19,10 +19,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -112,15 +110,9 @@ def render(full: Mapping[str, Any], lora: Mapping[str, Any], params: Mapping[str
         "", "Per seed (final accuracy; full-parameter / LoRA):", "",
         "| seed | " + " | ".join(agents) + " |", "|---|" + "---|" * len(agents),
     ]
-    for s in seeds:
-        lines.append(f"| {s} | " + " | ".join(
-            f"{fmt(full['agents'][a]['final_by_seed'][str(s)])} / {fmt(lora['agents'][a]['final_by_seed'][str(s)])}"
-            for a in agents) + " |")
-    pairs = paired_differences(lora, full)
+    lines += compare_tiny.per_seed_rows(full, lora, seeds, agents)
     lines += ["", "| comparison | " + " | ".join(agents) + " |", "|---|" + "---|" * len(agents),
-              "| LoRA − full-parameter (paired by seed) | " + " | ".join(
-                  f"{fmt_pm(pairs[a]['mean'], pairs[a]['std'], signed=True)} ({pairs[a]['positive']}/"
-                  f"{len(pairs[a]['diffs'])} seeds > 0)" for a in agents) + " |",
+              compare_tiny.paired_row("LoRA − full-parameter (paired by seed)", lora, full, agents),
               "| LoRA − before training | " + " | ".join(
                   f"{fmt(lora['agents'][a]['final_mean'] - lora['agents'][a]['acc_before'], signed=True)} "
                   f"({improved(lora, a)}/{len(seeds)} seeds above)" for a in agents) + " |"]
@@ -142,30 +134,13 @@ def improved(arm: Mapping[str, Any], agent: str) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--seeds", default=",".join(map(str, DEFAULT_SEEDS)))
-    parser.add_argument("--steps", type=int, default=None, help="training steps per run [preset: 80]")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    parser.add_argument("--runs_dir", type=Path, default=None,
-                        help="where run folders go [compare_tiny.py's: <runs>/compare_tiny/model-<steps>steps]")
-    parser.add_argument("--results_dir", type=Path, default=compare_tiny.RESULTS_DIR)
+    compare_tiny.add_seed_run_options(parser, DEFAULT_SEEDS)
     parser.add_argument("--full_results", type=Path, default=compare_tiny.RESULTS_DIR / "tiny_model.json",
                         help="the committed full-parameter report whose hacpo arm is compared with")
-    parser.add_argument("--report_only", action="store_true")
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        seeds = compare_tiny.parse_seeds(args.seeds)
-        if args.jobs < 1:
-            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-    except ValueError as err:
-        parser.error(str(err))
-    from openrlhf_hacpo.zoo import get_preset
-    from openrlhf_hacpo.zoo.job import default_runs_dir
+    seeds, preset, steps, root = compare_tiny.seed_run_setup(parser, args, PRESET)
     from openrlhf_hacpo.zoo.shipped import agent_folders, agent_records
 
-    preset = get_preset(PRESET)
-    steps = args.steps or preset.rl.num_steps
-    root = args.runs_dir or default_runs_dir() / "compare_tiny" / f"{preset.name}-{steps}steps"
     stem = STEM if steps == preset.rl.num_steps else f"{STEM}_{steps}steps"
     command = "python benchmarks/compare_tiny_lora.py " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     arm = compare_tiny.ARMS["lora"]
@@ -174,18 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         fingerprints = {name: r["fingerprint"] for name, r in agent_records(folders).items()}
         full = full_parameter_arm(json.loads(args.full_results.read_text(encoding="utf-8")), seeds, steps,
                                   fingerprints)
-        failures: list[str] = []
-        if not args.report_only:
-            root.mkdir(parents=True, exist_ok=True)
-            with open(root / compare_tiny.COMMANDS_FILE, "a", encoding="utf-8") as f:
-                f.write(command.strip() + "\n")
-            t0 = time.perf_counter()
-            failures = compare_tiny.run_all([(arm, s) for s in seeds], preset, steps, root, args.jobs, fingerprints)
-            compare_tiny._log(f"runs finished in {time.perf_counter() - t0:.0f} s")
-        found = {s: v for s, v in compare_tiny.collect(root, preset, steps, fingerprints).get("lora", {}).items()
-                 if s in seeds}
-        if failures or set(found) != set(seeds):
-            out.fail("failed or missing runs: " + "; ".join(failures or [f"seeds {sorted(set(seeds) - set(found))}"]))
+        found, failure = compare_tiny.run_arm_seeds(arm, seeds, preset, steps, root, args.jobs, fingerprints,
+                                                    command.strip(), args.report_only)
+        if failure:
+            out.fail(failure)
             return 1
         lora = aggregate_arm(found)
         any_run = next(iter(found.values()))["run"]

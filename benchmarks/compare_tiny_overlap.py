@@ -25,10 +25,8 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -97,15 +95,9 @@ def render(arm: str, sync: Mapping[str, Any], overlap: Mapping[str, Any], summar
         "", "Per seed (final accuracy; synchronous / one step off):", "",
         "| seed | " + " | ".join(agents) + " |", "|---|" + "---|" * len(agents),
     ]
-    for s in seeds:
-        lines.append(f"| {s} | " + " | ".join(
-            f"{fmt(sync['agents'][a]['final_by_seed'][str(s)])} / {fmt(overlap['agents'][a]['final_by_seed'][str(s)])}"
-            for a in agents) + " |")
-    pairs = paired_differences(overlap, sync)
+    lines += compare_tiny.per_seed_rows(sync, overlap, seeds, agents)
     lines += ["", "| | " + " | ".join(agents) + " |", "|---|" + "---|" * len(agents),
-              "| one step off − synchronous (paired by seed) | " + " | ".join(
-                  f"{fmt_pm(pairs[a]['mean'], pairs[a]['std'], signed=True)} ({pairs[a]['positive']}/"
-                  f"{len(pairs[a]['diffs'])} seeds > 0)" for a in agents) + " |",
+              compare_tiny.paired_row("one step off − synchronous (paired by seed)", overlap, sync, agents),
               "| one-step-off mean against the synchronous mean ± std | "
               + " | ".join(summary[a]["overlap_vs_spread"] for a in agents) + " |",
               "| GSPO ×2's final accuracy (the target) | " + " | ".join(fmt(summary[a]["target"]) for a in agents)
@@ -129,30 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--arm", default="hacpo-overlap", choices=ARMS)
-    parser.add_argument("--seeds", default=",".join(map(str, compare_tiny.DEFAULT_SEEDS["overlap"])))
-    parser.add_argument("--steps", type=int, default=None, help="training steps per run [preset: 80]")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    parser.add_argument("--runs_dir", type=Path, default=None,
-                        help="where run folders go [compare_tiny.py's: <runs>/compare_tiny/model-<steps>steps]")
-    parser.add_argument("--results_dir", type=Path, default=compare_tiny.RESULTS_DIR)
+    compare_tiny.add_seed_run_options(parser, compare_tiny.DEFAULT_SEEDS["overlap"])
     parser.add_argument("--sync_results", type=Path, default=compare_tiny.RESULTS_DIR / "tiny_model.json",
                         help="the committed report whose hacpo and gspo2x arms are compared with")
-    parser.add_argument("--report_only", action="store_true")
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        seeds = compare_tiny.parse_seeds(args.seeds)
-        if args.jobs < 1:
-            raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
-    except ValueError as err:
-        parser.error(str(err))
-    from openrlhf_hacpo.zoo import get_preset
-    from openrlhf_hacpo.zoo.job import default_runs_dir
+    seeds, preset, steps, root = compare_tiny.seed_run_setup(parser, args, PRESET)
     from openrlhf_hacpo.zoo.shipped import agent_folders, agent_records
 
-    preset = get_preset(PRESET)
-    steps = args.steps or preset.rl.num_steps
-    root = args.runs_dir or default_runs_dir() / "compare_tiny" / f"{preset.name}-{steps}steps"
     stem = f"tiny_model_{args.arm.replace('-', '_')}" + ("" if steps == preset.rl.num_steps else f"_{steps}steps")
     command = "python benchmarks/compare_tiny_overlap.py " + shlex.join(sys.argv[1:] if argv is None else list(argv))
     arm = compare_tiny.ARMS[args.arm]
@@ -161,18 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         fingerprints = {name: r["fingerprint"] for name, r in agent_records(folders).items()}
         committed = json.loads(args.sync_results.read_text(encoding="utf-8"))
         sync = full_parameter_arm(committed, seeds, steps, fingerprints)
-        failures: list[str] = []
-        if not args.report_only:
-            root.mkdir(parents=True, exist_ok=True)
-            with open(root / compare_tiny.COMMANDS_FILE, "a", encoding="utf-8") as f:
-                f.write(command.strip() + "\n")
-            t0 = time.perf_counter()
-            failures = compare_tiny.run_all([(arm, s) for s in seeds], preset, steps, root, args.jobs, fingerprints)
-            compare_tiny._log(f"runs finished in {time.perf_counter() - t0:.0f} s")
-        found = {s: v for s, v in compare_tiny.collect(root, preset, steps, fingerprints).get(args.arm, {}).items()
-                 if s in seeds}
-        if failures or set(found) != set(seeds):
-            out.fail("failed or missing runs: " + "; ".join(failures or [f"seeds {sorted(set(seeds) - set(found))}"]))
+        found, failure = compare_tiny.run_arm_seeds(arm, seeds, preset, steps, root, args.jobs, fingerprints,
+                                                    command.strip(), args.report_only)
+        if failure:
+            out.fail(failure)
             return 1
         overlap = aggregate_arm(found)
         # the synchronous mean curve over the same seeds is only in the committed report for all 5 seeds
