@@ -689,7 +689,8 @@ def seed_run_setup(parser: argparse.ArgumentParser, args: argparse.Namespace, pr
 
 
 def run_arm_seeds(arm: Arm, seeds: Sequence[int], preset, steps: int, root: Path, jobs: int,
-                  fingerprints: Mapping[str, str], command: str, report_only: bool) -> tuple[dict[int, Any], str | None]:
+                  fingerprints: Mapping[str, str], command: str,
+                  report_only: bool) -> tuple[dict[int, Any], str | None]:
     """Run ``arm``'s missing seeds into ``root`` (unless ``report_only``; the command is appended to the folder's
     commands file) and collect the finished ones: ``({seed: summary}, None)``, or the failure to report."""
     failures: list[str] = []
