@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from openrlhf_hacpo.cli.train_hacpo import build_config
 from fit_weights import fit_with_weights
@@ -28,11 +27,30 @@ def train(tmp_path, base_args, agents: list[str], steps: int, *extra: str, algor
     return [r for step in history for r in step], weights
 
 
+LR = 1e-3  # base_args' --actor_learning_rate
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    """The two runs' weights agree to float noise, allowing for AdamW: its step m / (√v + ε) turns float noise on a
+    gradient element near zero into a step of up to lr per update, so a few such elements (where the order of the
+    float sums differs: own and foreign rows are packed apart) may differ by up to lr. Every other element must
+    agree to rtol 1e-4, atol 1e-5 (at most 1 in 1,000 may not); a wrong old log-prob changes the update of most
+    elements."""
+    off, total = {}, 0
+    for name in a:
+        x, y = a[name].double(), b[name].double()
+        diff = (y - x).abs()
+        assert float(diff.max()) <= 2 * LR, f"{name}: differs by {float(diff.max()):.3g}, more than AdamW's steps"
+        if (n := int((diff > 1e-5 + 1e-4 * x.abs()).sum())):
+            off[name] = n
+        total += x.numel()
+    assert sum(off.values()) <= total * 1e-3, f"elements beyond float noise in {off} of {total}"
+
+
 def assert_same_run(scored, saving, saving_path, steps: int):
     (scored_records, scored_weights), (saving_records, saving_weights) = scored, saving
     for a, b in zip(scored_weights, saving_weights):
-        for name in a:
-            torch.testing.assert_close(b[name].float(), a[name].float(), rtol=1e-4, atol=1e-5, msg=name)
+        assert_same_weights(a, b)
     for a, b in zip(scored_records, saving_records):
         assert a["updates"] == b["updates"] == 2
         for key, value in a.items():
