@@ -656,6 +656,24 @@ def add_seed_run_options(parser: argparse.ArgumentParser, default_seeds: Sequenc
     parser.add_argument("--report_only", action="store_true")
 
 
+def seed_run_meta(arm: Arm, preset, steps: int, root: Path, lanes: int, fingerprints: Mapping[str, str],
+                  commands: Sequence[str], found: Mapping[int, Any]) -> dict[str, Any]:
+    """What a seed-run report records of its runs (agents, commands, date, machine, versions, the arm's settings)."""
+    any_run = next(iter(found.values()))["run"]
+    return {"agents": list(preset.agent_names), "steps": steps, "fingerprints": dict(fingerprints),
+            "commands": list(commands), "date": datetime.date.today().isoformat(),
+            "cpu_count": any_run.get("cpu_count"), "lanes": lanes, "runs_dir": str(root),
+            "versions": any_run.get("versions", {}), "settings": arm_settings(arm, preset)}
+
+
+def provenance_lines(meta: Mapping[str, Any]) -> list[str]:
+    """The report's "Made by" line and the start of its "Measured" sentence (date, cores, lanes, steps, agents)."""
+    return ["Made by: " + "; ".join(f"`{c}`" for c in meta["commands"]) + "  ",
+            f"Measured {meta['date']} on {meta['cpu_count']} CPU cores, {meta['lanes']} run(s) at a time. "
+            f"{meta['steps']} steps x 16 prompts x G 8, HACPO, the shipped agents "
+            + ", ".join(f"{n} `{f}`" for n, f in meta["fingerprints"].items()) + ". "]
+
+
 def per_seed_rows(base: Mapping[str, Any], other: Mapping[str, Any], seeds: Sequence[int],
                   agents: Sequence[str]) -> list[str]:
     """Markdown rows ``| seed | base / other | ...`` of two aggregated arms' final accuracies, one per seed."""

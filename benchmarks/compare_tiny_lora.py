@@ -17,7 +17,6 @@ run succeeded; else ``tiny_model_lora.failed.md``).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import shlex
 import sys
@@ -89,12 +88,10 @@ def render(full: Mapping[str, Any], lora: Mapping[str, Any], params: Mapping[str
     agents = list(meta["agents"])
     seeds = [int(s) for s in lora["seeds"]]
     label = compare_tiny.ARMS["lora"].label
+    made_by, measured = compare_tiny.provenance_lines(meta)
     lines = [
         f"# HACPO with LoRA on the tiny agents: preset `{PRESET}` ({' + '.join(agents)})", "",
-        "Made by: " + "; ".join(f"`{c}`" for c in meta["commands"]) + "  ",
-        f"Measured {meta['date']} on {meta['cpu_count']} CPU cores, {meta['lanes']} run(s) at a time. "
-        f"{meta['steps']} steps x 16 prompts x G 8, HACPO, the shipped agents "
-        + ", ".join(f"{n} `{f}`" for n, f in meta["fingerprints"].items()) + ". LoRA: "
+        made_by, measured + "LoRA: "
         f"`{' '.join(compare_tiny.ARMS['lora'].extra)}` on every linear layer of the decoder blocks of both agents "
         "(embeddings, norms and the tied head frozen); full-parameter HACPO: the `hacpo` arm of "
         "[tiny_model.md](tiny_model.md), the same seeds (same prompt batches). **Final** = mean of the greedy test "
@@ -155,11 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out.fail(failure)
             return 1
         lora = aggregate_arm(found)
-        any_run = next(iter(found.values()))["run"]
-        meta = {"agents": list(preset.agent_names), "steps": steps, "fingerprints": fingerprints,
-                "commands": [command.strip()], "date": datetime.date.today().isoformat(),
-                "cpu_count": any_run.get("cpu_count"), "lanes": args.jobs, "runs_dir": str(root),
-                "versions": any_run.get("versions", {}), "settings": compare_tiny.arm_settings(arm, preset)}
+        meta = compare_tiny.seed_run_meta(arm, preset, steps, root, args.jobs, fingerprints, [command.strip()], found)
         params = trainable_parameters(folders, compare_tiny.LORA_RANK)
         markdown = render(full, lora, params, meta)
         out.commit({".json": {"meta": meta, "full_parameter": full, "lora": lora,

@@ -23,7 +23,6 @@ run succeeded; else ``tiny_model_<arm>.failed.md``).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import shlex
 import sys
@@ -74,12 +73,10 @@ def render(arm: str, sync: Mapping[str, Any], overlap: Mapping[str, Any], summar
     agents = list(meta["agents"])
     seeds = [int(s) for s in overlap["seeds"]]
     label = compare_tiny.ARMS[arm].label
+    made_by, measured = compare_tiny.provenance_lines(meta)
     lines = [
         f"# {label} on the tiny agents: preset `{PRESET}` ({' + '.join(agents)})", "",
-        "Made by: " + "; ".join(f"`{c}`" for c in meta["commands"]) + "  ",
-        f"Measured {meta['date']} on {meta['cpu_count']} CPU cores, {meta['lanes']} run(s) at a time. "
-        f"{meta['steps']} steps x 16 prompts x G 8, HACPO, the shipped agents "
-        + ", ".join(f"{n} `{f}`" for n, f in meta["fingerprints"].items()) + ". Overlap: "
+        made_by, measured + "Overlap: "
         f"`{' '.join(compare_tiny.ARMS[arm].extra)}`; synchronous HACPO: the `hacpo` arm of "
         "[tiny_model.md](tiny_model.md), the same seeds (same prompt batches). **Final** = mean of the greedy test "
         "accuracies (400 problems) at the last two evaluations; mean ± sample std over seeds.", "",
@@ -149,16 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for agent, entry in sync["agents"].items():
             entry["curve"] = committed["arms"]["hacpo"]["agents"][agent]["curve"]
         targets = {agent: committed["arms"]["gspo2x"]["agents"][agent]["final_mean"] for agent in sync["agents"]}
-        any_run = next(iter(found.values()))["run"]
         ran = (root / compare_tiny.COMMANDS_FILE).read_text(encoding="utf-8").splitlines() \
             if (root / compare_tiny.COMMANDS_FILE).exists() else []
         commands = [c for c in dict.fromkeys(ran) if f"--arms {args.arm} " in c + " " or f"--arm {args.arm}" in c
                     or (args.arm == "hacpo-overlap" and "compare_tiny_overlap.py" in c and "--arm " not in c)]
-        meta = {"agents": list(preset.agent_names), "steps": steps, "fingerprints": fingerprints,
-                "commands": list(dict.fromkeys([*commands, command.strip()])),
-                "date": datetime.date.today().isoformat(),
-                "cpu_count": any_run.get("cpu_count"), "lanes": args.jobs, "runs_dir": str(root),
-                "versions": any_run.get("versions", {}), "settings": compare_tiny.arm_settings(arm, preset),
+        meta = {**compare_tiny.seed_run_meta(arm, preset, steps, root, args.jobs, fingerprints,
+                                             list(dict.fromkeys([*commands, command.strip()])), found),
                 "sync_wall_seconds": committed["arms"]["hacpo"].get("wall_seconds")}
         summary = summarize(sync, overlap, targets)
         markdown = render(args.arm, sync, overlap, summary, meta)
