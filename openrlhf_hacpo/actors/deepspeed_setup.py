@@ -127,17 +127,27 @@ class SkipAwareScheduler:
         return getattr(self.scheduler, name)
 
 
-def build_ds_config(cfg: TrainConfig, agent: AgentConfig) -> dict[str, Any]:
+def build_ds_config(cfg: TrainConfig, agent: AgentConfig, *, gloo: bool = False) -> dict[str, Any]:
     """DeepSpeed config of an agent's policy engine (ZeRO stage, bf16, clipping, accumulation, CPU offload).
 
     ``adam_offload`` adds ``offload_optimizer`` (fp32 master weights, Adam moments and the update on the CPU; ZeRO
     1-3) and ``param_offload`` adds ``offload_param`` (ZeRO-3's parameter partitions on the CPU between uses), both
     in pinned memory.
+
+    ``gloo`` (the agent's process group is gloo, i.e. it trains on the CPU) makes ZeRO-3 gather parameters one at a
+    time (``stage3_allgather_sequential``). DeepSpeed's blocking gather of several parameters at once (what
+    ``deepspeed.zero.GatheredParameters`` runs: weight export, ``save_hf``, LoRA merges) launches one asynchronous
+    all-gather per parameter and waits on the last one only. NCCL completes the ops of one stream in order, so that
+    is enough on GPUs; gloo runs the ops of a group on several threads, so an earlier gather can still be writing
+    when the tensors are read, and a weight read back holds stale memory in places (seen on a layer-norm weight of a
+    two-rank run on a loaded machine). The sequential path waits on every gather.
     """
     gas = cfg.train_batch_size // (cfg.micro_train_batch_size * agent.dp_size)
     zero: dict[str, Any] = {"stage": agent.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
     if agent.zero_stage == 3:
         zero.update(stage3_param_persistence_threshold=0, stage3_gather_16bit_weights_on_model_save=True)
+        if gloo:
+            zero["stage3_allgather_sequential"] = True
     if agent.adam_offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     if agent.param_offload:
@@ -265,7 +275,8 @@ def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, total_updates: int
 
     for name in ("DeepSpeed", "deepspeed"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    ds_config = build_ds_config(cfg, agent)
+    gloo = torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo"
+    ds_config = build_ds_config(cfg, agent, gloo=gloo)
     dtype = torch.bfloat16 if agent.bf16 else torch.float32
     hf_ds_config = None
     if agent.zero_stage == 3:

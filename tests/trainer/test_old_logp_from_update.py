@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from openrlhf_hacpo.cli.train_hacpo import build_config
 from fit_weights import fit_with_weights
@@ -27,24 +28,12 @@ def train(tmp_path, base_args, agents: list[str], steps: int, *extra: str, algor
     return [r for step in history for r in step], weights
 
 
-LR = 1e-3  # base_args' --actor_learning_rate
-
-
 def assert_same_weights(a: dict, b: dict) -> None:
-    """The two runs' weights agree to float noise, allowing for AdamW: its step m / (√v + ε) turns float noise on a
-    gradient element near zero into a step of up to lr per update, so a few such elements (where the order of the
-    float sums differs: own and foreign rows are packed apart) may differ by up to lr. Every other element must
-    agree to rtol 1e-4, atol 1e-5 (at most 1 in 1,000 may not); a wrong old log-prob changes the update of most
-    elements."""
-    off, total = {}, 0
+    """The two runs' weights agree to float noise (the order of the float sums differs: own and foreign rows are
+    packed apart); a wrong old log-prob changes the update of most elements."""
+    assert set(a) == set(b)
     for name in a:
-        x, y = a[name].double(), b[name].double()
-        diff = (y - x).abs()
-        assert float(diff.max()) <= 2 * LR, f"{name}: differs by {float(diff.max()):.3g}, more than AdamW's steps"
-        if (n := int((diff > 1e-5 + 1e-4 * x.abs()).sum())):
-            off[name] = n
-        total += x.numel()
-    assert sum(off.values()) <= total * 1e-3, f"elements beyond float noise in {off} of {total}"
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
 def assert_same_run(scored, saving, saving_path, steps: int):
@@ -74,9 +63,6 @@ def test_one_rank_each(tmp_path, tiny_agents, base_args, algorithm):
                     tmp_path / "saving", 2)
 
 
-@pytest.mark.xfail(strict=False, reason="in the full e2e tier (not alone) one of the two runs has read back a "
-                   "layer-1 post-attention layer-norm weight holding values up to 1.7e5 (garbage, not a training "
-                   "step): under investigation, see the closing note of this change")
 def test_two_ranks_zero3(ray_cluster, tmp_path, tiny_agents, base_args):
     agents = ["--agent", f"name=llama,pretrain={tiny_agents['llama']},dp_size=2,zero_stage=3", "--agent",
               f"name=qwen,pretrain={tiny_agents['qwen']}"]
