@@ -61,6 +61,8 @@ PY
 # that the first training run does not pay for it. It goes to the project's extension cache, .cache/torch_extensions
 # (TORCH_EXTENSIONS_DIR, which the README's two commands and the tests use too).
 TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.cache/torch_extensions}" "$VENV/bin/python" - <<'PY' || echo "[install] warning: DeepSpeed's shared-memory op did not build; training builds it on first use" >&2
+from openrlhf_hacpo.utils.op_build import use_interpreter_ninja
+use_interpreter_ninja()  # the ninja training uses: another version would rebuild the op
 from deepspeed.accelerator import get_accelerator
 builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
 if builder is not None and builder.is_compatible():
@@ -69,6 +71,8 @@ if builder is not None and builder.is_compatible():
 PY
 # Likewise DeepSpeed's CPU Adam (the optimizer of --adam_offload; over a minute to compile on 2 cores).
 TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/.cache/torch_extensions}" "$VENV/bin/python" - <<'PY' || echo "[install] warning: DeepSpeed's cpu_adam op did not build; --adam_offload builds it on first use" >&2
+from openrlhf_hacpo.utils.op_build import use_interpreter_ninja
+use_interpreter_ninja()
 from deepspeed.ops.op_builder import CPUAdamBuilder
 builder = CPUAdamBuilder()
 if builder.is_compatible():

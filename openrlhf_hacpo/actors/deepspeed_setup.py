@@ -19,6 +19,7 @@ import torch
 
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.utils.network import free_port, gloo_interface, host_interfaces, is_loopback
+from openrlhf_hacpo.utils.op_build import use_interpreter_ninja
 
 __all__ = ["EngineStateSleep", "TrainingParts", "SkipAwareScheduler", "SkippableAdamW", "SkippableOptimizer",
            "SkipStepMixin", "build_ds_config", "build_optimizer", "build_policy_engine", "init_agent_process_group",
@@ -86,6 +87,7 @@ def build_optimizer(params: Any, agent: AgentConfig, lr: float, betas: tuple[flo
     when ``agent.adam_offload`` keeps the optimizer states (and the update) on the CPU. Both compute decoupled
     weight decay AdamW with bias correction, eps 1e-8."""
     if agent.adam_offload:
+        use_interpreter_ninja()  # the first instance builds (or finds built) DeepSpeed's cpu_adam op
         return skippable_cpu_adam_class()(params, lr=lr, betas=betas, adamw_mode=True)
     return SkippableAdamW(params, lr=lr, betas=betas)
 
@@ -217,6 +219,7 @@ def init_agent_process_group(cfg: TrainConfig, agent: AgentConfig, rank: int, wo
     os.environ["WORLD_SIZE"] = str(world_size)
     os.environ["LOCAL_RANK"] = str(torch.cuda.current_device() if device.type == "cuda" else 0)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    use_interpreter_ninja()  # DeepSpeed builds (or finds built) its CPU collective op here
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
 
 

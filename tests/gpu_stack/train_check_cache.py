@@ -44,6 +44,8 @@ def build_deps(timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 OP_BUILD = """
+from openrlhf_hacpo.utils.op_build import use_interpreter_ninja
+use_interpreter_ninja()  # the ninja the check's training processes use (another version would rebuild)
 from deepspeed.accelerator import get_accelerator
 builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
 if builder is not None and builder.is_compatible():
