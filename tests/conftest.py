@@ -15,6 +15,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# the ninja of every DeepSpeed op build in the session, the training workers' one (tests that open DeepSpeed
+# themselves and the processes they start too): another version would compile the installed op again
+from openrlhf_hacpo.utils.op_build import use_interpreter_ninja  # noqa: E402
+
+use_interpreter_ninja()
 
 
 def _has_cuda() -> bool:
