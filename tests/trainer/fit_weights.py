@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from openrlhf_hacpo.trainer.controller import HACPOController
 
 
@@ -23,3 +25,11 @@ def fit_with_weights(cfg) -> tuple[list[list[dict[str, Any]]], list[dict[str, An
         return controller.history, weights
     finally:
         controller.close()
+
+
+def assert_same_weights(want: dict[str, Any], got: dict[str, Any]) -> None:
+    """Two runs' weights of one agent agree to float noise (rtol 1e-4, atol 1e-5), tensor by tensor, under the same
+    names: where two exact schedules sum in another order."""
+    assert set(got) == set(want)
+    for name in want:
+        torch.testing.assert_close(got[name].float(), want[name].float(), rtol=1e-4, atol=1e-5, msg=name)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from openrlhf_hacpo.cli.train_hacpo import build_config
-from fit_weights import fit_with_weights
+from fit_weights import assert_same_weights, fit_with_weights
 
 pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:.*is deprecated.*:FutureWarning")]
 
@@ -26,14 +25,6 @@ def train(tmp_path, base_args, agents: list[str], steps: int, *extra: str, algor
                                  "--max_steps", str(steps), "--no_save_hf", "--save_rollouts", *extra))
     history, weights = fit_with_weights(cfg)
     return [r for step in history for r in step], weights
-
-
-def assert_same_weights(a: dict, b: dict) -> None:
-    """The two runs' weights agree to float noise (the order of the float sums differs: own and foreign rows are
-    packed apart); a wrong old log-prob changes the update of most elements."""
-    assert set(a) == set(b)
-    for name in a:
-        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
 def assert_same_run(scored, saving, saving_path, steps: int):
