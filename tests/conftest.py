@@ -42,7 +42,8 @@ import pytest  # noqa: E402
 from tier_guard import (pytest_addoption, pytest_collection_modifyitems, pytest_runtest_setup,  # noqa: E402,F401
                         pytest_runtest_teardown)
 
-pytest_plugins = ["pytester"]
+# the order files reach pytest-xdist's workers, the longest first: tests/schedule.py
+pytest_plugins = ["pytester", "schedule"]
 
 TESTDATA = pathlib.Path(__file__).parent / "testdata"
 

@@ -53,6 +53,7 @@ if ((parallel)); then
         exit 2
     fi
     echo "[tests] $workers worker process(es) (pytest-xdist; HACPO_TEST_WORKERS=N or -n N to change)" >&2
-    args=(-n "$workers" --dist loadfile "${args[@]}")
+    # the longest files first (tests/schedule.py); xdist's own reorder would put them last
+    args=(-n "$workers" --dist loadfile --no-loadscope-reorder "${args[@]}")
 fi
 exec "$ROOT/.venv/bin/python" -m pytest "${args[@]}"
