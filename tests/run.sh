@@ -10,19 +10,24 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/install.sh"
 cd "$ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
+# one pass over the arguments: --fast becomes --tier unit; note the tiers selected and whether the caller chose the
+# workers (-n/--numprocesses, --dist or -p no:xdist win over the default below)
 args=()
+tiers=""
+parallel=1
+previous=""
 for arg in "$@"; do
-    if [[ "$arg" == "--fast" ]]; then args+=(--tier unit); else args+=("$arg"); fi
+    [[ "$arg" == "--fast" ]] && arg="--tier=unit"
+    case "$arg" in
+        --tier=*) tiers+=" ${arg#--tier=}" ;;
+        -n | -n* | --numprocesses | --numprocesses=* | --dist | --dist=* | no:xdist) parallel=0 ;;
+    esac
+    [[ "$previous" == "--tier" ]] && tiers+=" $arg"
+    args+=("$arg")
+    previous="$arg"
 done
 # The e2e tier's GPU train check compiles DeepSpeed's shared-memory op once for its restricted Python (over a minute
 # on 2 cores): build it before the tier (not inside a test, not at install: the main job never needs it)
-tiers=""
-for ((i = 0; i < ${#args[@]}; i++)); do
-    case "${args[i]}" in
-        --tier) tiers+=" ${args[i+1]:-}" ;;
-        --tier=*) tiers+=" ${args[i]#--tier=}" ;;
-    esac
-done
 op_glob="${HACPO_CACHE_DIR:-$ROOT/.cache}/gpu_train_check/torch_extensions/*/*.so"
 if [[ -z "$tiers" || " $tiers " == *" e2e "* ]] && ! compgen -G "$op_glob" >/dev/null; then
     "$ROOT/.venv/bin/python" "$ROOT/tests/gpu_stack/train_check_cache.py" \
@@ -33,12 +38,6 @@ fi
 # limit above, which it would honour), at most 4 and at most one per 6 GiB of available memory (an e2e worker holds a
 # Ray cluster and DeepSpeed engines). HACPO_TEST_WORKERS=N sets the number; -n/--numprocesses, --dist or -p no:xdist
 # given here win (-n 0 runs the tests in this process, as --pdb needs).
-parallel=1
-for arg in "${args[@]}"; do
-    case "$arg" in
-        -n | -n* | --numprocesses | --numprocesses=* | --dist | --dist=* | no:xdist) parallel=0 ;;
-    esac
-done
 if ((parallel)); then
     workers="${HACPO_TEST_WORKERS:-}"
     if [[ -z "$workers" ]]; then

@@ -7,9 +7,9 @@ files of ``COST_S`` go first, the most expensive first (longest processing time 
 place after them, in the order collected. Only the order changes: the same tests run, each file in one worker.
 
 ``COST_S`` holds the heaviest files' seconds: the sum of their tests' setup, call and teardown times of at least 6 s in
-one run of the e2e tier with two workers (``bash tests/run.sh -n 2 --dist loadfile --tier e2e --durations=40``),
-rounded. Refresh it from such a run when files grow; a stale figure costs wall time only, and
-``tests/test_schedule.py`` fails when a listed file no longer exists.
+one two-worker run of the e2e tier (``--dist loadfile``, ``--durations=40``) on a 2-core machine, rounded. Refresh it
+from the report of ``bash tests/run.sh --tier e2e --durations=40`` when files grow; a stale figure costs wall time
+only, and ``tests/test_schedule.py`` fails when a listed file no longer exists.
 """
 from __future__ import annotations
 
