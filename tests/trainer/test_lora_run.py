@@ -1,6 +1,8 @@
-"""LoRA agents in whole runs on a local Ray cluster: a LoRA agent beside a full-parameter one through the command
-line's ``run`` (2 steps, a checkpoint every step, the KL term on), resumed exactly; and the adapter-disabled
-reference of a LoRA agent whose model ZeRO-3 shards over 2 ranks, against the base model in float64."""
+"""LoRA agents in whole runs: a LoRA agent beside a full-parameter one through the command line's ``run`` (2 steps,
+a checkpoint every step, the KL term on; ``--no_ray``, the policy and reference workers in the test process),
+resumed exactly; and, on a local Ray cluster, the adapter-disabled reference of a LoRA agent whose model ZeRO-3
+shards over 2 ranks (each rank an actor), against the base model in float64. An adapter synced to vLLM engine
+actors: tests/engines/test_lora_sync.py."""
 from __future__ import annotations
 
 import json
@@ -32,8 +34,7 @@ def _lora_count(model) -> int:
     return sum(LORA_RANK * (m.in_features + m.out_features) for m in layers)
 
 
-def test_lora_and_full_parameter_agents_train_through_the_cli_and_resume_exactly(ray_cluster, tmp_path, tiny_agents,
-                                                                                base_args):
+def test_lora_and_full_parameter_agents_train_through_the_cli_and_resume_exactly(tmp_path, tiny_agents, base_args):
     """llama trains a LoRA adapter (its reference: its own model with the adapter off), qwen all its parameters
     (its reference: a reference worker). Both learn, the exports hold the merged weights and the adapter, and a run
     resumed from the step-1 checkpoint repeats step 2: the same metrics and the same exported weights."""
@@ -44,7 +45,8 @@ def test_lora_and_full_parameter_agents_train_through_the_cli_and_resume_exactly
 
     common = ["--agent", f"name=llama,pretrain={tiny_agents['llama']},lora_rank={LORA_RANK},lora_alpha={LORA_ALPHA}",
               "--agent", f"name=qwen,pretrain={tiny_agents['qwen']}", "--train_batch_size", "16",
-              "--max_steps", "2", "--save_steps", "1", "--init_kl_coef", "0.01", "--actor_learning_rate", "0.01"]
+              "--max_steps", "2", "--save_steps", "1", "--init_kl_coef", "0.01", "--actor_learning_rate", "0.01",
+              "--no_ray"]
     straight = tmp_path / "straight"
     controller = run(base_args(straight, *common))
     assert [g.reference is None for g in controller.groups] == [True, False]  # no reference worker for LoRA
