@@ -137,11 +137,13 @@ def test_two_heterogeneous_agents_train_together_and_resume_exactly(ray_cluster,
         assert 0.0 <= rec["pass@1"] <= rec["pass@2"] <= 1.0
 
     # -- resume: 4 steps straight == 2 steps, then a resumed run from the step-2 checkpoint for 2 more steps
-    # (evaluation samples under its own seeds, so it leaves the training's random state alone)
+    # (evaluation samples under its own seeds, so it leaves the training's random state alone). The resumed run
+    # loads the checkpoint the actors wrote into policies in this process (--no_ray): a checkpoint does not depend
+    # on where its policies ran (resumes on actors: test_one_step_off.py, test_vllm_backend.py, tests/multinode)
     resumed = tmp_path / "resumed"
     shutil.copytree(out / "checkpoints" / "global_step2", resumed / "checkpoints" / "global_step2")
     (resumed / "checkpoints" / "latest").write_text("global_step2\n")
-    run(base_args(resumed, *common, "--resume"))
+    run(base_args(resumed, *common, "--resume", "--no_ray"))
 
     a = {(r["step"], r["agent"]): r for r in records}
     b = {(r["step"], r["agent"]): r for r in read_records(resumed / "metrics.jsonl")}
