@@ -6,33 +6,34 @@ first, which leaves a file holding one long run for last, run by one worker whil
 files of ``COST_S`` go first, the most expensive first (longest processing time first); every other file keeps its
 place after them, in the order collected. Only the order changes: the same tests run, each file in one worker.
 
-``COST_S`` holds the heaviest files' seconds: the sum of their tests' setup, call and teardown times of at least 6 s in
-one two-worker run of the e2e tier (``--dist loadfile``, ``--durations=40``) on a 2-core machine, rounded. Refresh it
-from the report of ``bash tests/run.sh --tier e2e --durations=40`` when files grow; a stale figure costs wall time
-only, and ``tests/test_schedule.py`` fails when a listed file no longer exists.
+``COST_S`` holds the heaviest files' seconds: each file's total time (setup, call and teardown of its tests) in the
+JUnit report of one two-worker run of the e2e tier (``--dist loadfile``) on a 2-core machine, rounded. Refresh it from
+the report of ``bash tests/run.sh --tier e2e --junitxml=FILE`` when files grow or shrink; a stale figure costs wall
+time only, and ``tests/test_schedule.py`` fails when a listed file no longer exists.
 """
 from __future__ import annotations
 
 import pytest
 
 COST_S: dict[str, float] = {
-    "tests/trainer/test_vllm_backend.py": 196,
-    "tests/multinode/test_two_node_runs.py": 169,
-    "tests/trainer/test_old_logp_from_update.py": 96,
-    "tests/trainer/test_one_step_off.py": 126,
-    "tests/reproduce/test_small_pipeline.py": 117,
-    "tests/zoo/test_zoo_shipped.py": 96,
-    "tests/trainer/test_two_ranks_zero3.py": 60,
-    "tests/trainer/test_row_skipping_deepspeed.py": 30,
-    "tests/reproduce/test_real_weights.py": 79,
-    "tests/engines/test_vllm_engine.py": 65,
-    "tests/trainer/test_ray_training.py": 62,
-    "tests/reliability/test_shutdown.py": 61,
-    "tests/trainer/test_lora_run.py": 55,
-    "tests/gpu_stack/test_gpu_train_check.py": 49,
-    "tests/engines/test_lora_sync.py": 47,
-    "tests/trainer/test_kernel_backends.py": 42,
-    "tests/trainer/test_hf_engine_backend.py": 35,
+    "tests/trainer/test_vllm_backend.py": 245,
+    "tests/multinode/test_two_node_runs.py": 196,
+    "tests/reproduce/test_small_pipeline.py": 170,
+    "tests/reproduce/test_real_weights.py": 161,
+    "tests/zoo/test_zoo_shipped.py": 118,
+    "tests/trainer/test_one_step_off.py": 117,
+    "tests/trainer/test_two_ranks_zero3.py": 78,
+    "tests/engines/test_lora_sync.py": 73,
+    "tests/gpu_stack/test_gpu_train_check.py": 69,
+    "tests/trainer/test_kernel_backends.py": 61,
+    "tests/trainer/test_ray_training.py": 59,
+    "tests/reliability/test_shutdown.py": 57,
+    "tests/engines/test_vllm_engine.py": 55,
+    "tests/reliability/test_two_node_failures.py": 45,
+    "tests/test_tiny_main.py": 42,
+    "tests/benchmarks/test_throughput.py": 37,
+    "tests/actors/test_vllm_rollout_chain.py": 37,
+    "tests/trainer/test_hf_engine_backend.py": 36,
 }
 
 
