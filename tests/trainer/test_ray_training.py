@@ -1,5 +1,6 @@
 """End-to-end runs through the CLI on a local Ray cluster: every agent's policy is a Ray actor with a DeepSpeed
-engine (gloo), rollouts use the transformers-generate backend inside the policy actor."""
+engine (gloo), rollouts use the transformers-generate backend inside the policy actor. The two-agent test's resumed
+run loads the actors' checkpoint into policies in the test process (``--no_ray``)."""
 from __future__ import annotations
 
 import json
