@@ -1,9 +1,10 @@
-"""One controller fit that returns its per-step records and every agent's trained weights (shared by the tests that
-compare two runs of the same configuration)."""
+"""One controller fit that returns its per-step records and every agent's trained weights, and the comparisons of two
+such fits (shared by the tests that compare two runs of the same configuration)."""
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from openrlhf_hacpo.trainer.controller import HACPOController
@@ -33,3 +34,12 @@ def assert_same_weights(want: dict[str, Any], got: dict[str, Any]) -> None:
     assert set(got) == set(want)
     for name in want:
         torch.testing.assert_close(got[name].float(), want[name].float(), rtol=1e-4, atol=1e-5, msg=name)
+
+
+def assert_same_metrics(want: dict[str, Any], got: dict[str, Any]) -> None:
+    """One agent's step record of two runs: every float that is not a timing or work figure (``time/``, ``perf/``,
+    ``rollout/tokens_per_s``) agrees to float noise (rtol 1e-4, atol 1e-6)."""
+    for key, value in want.items():
+        if key.startswith(("time/", "perf/", "rollout/tokens_per_s")) or not isinstance(value, float):
+            continue
+        assert got[key] == pytest.approx(value, rel=1e-4, abs=1e-6), (want["agent"], want["step"], key)
