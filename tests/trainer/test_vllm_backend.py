@@ -2,7 +2,10 @@
 again right after a resumed run loads its checkpoint.
 
 One two-agent run (one step, a joint checkpoint) is made once for the module: the first test reads what it
-observed, the second resumes from its checkpoint. Both share the module's Ray cluster."""
+observed, the second resumes from its checkpoint. Both share the module's Ray cluster. The engines run in their
+actors' processes (``--vllm_cpu_single_process``: four engine starts, each about 20 s shorter); vLLM's own
+multi-process layout, the default, and both weight-sync paths into it are checked in
+``tests/engines/test_vllm_engine.py``."""
 from __future__ import annotations
 
 import dataclasses
@@ -67,8 +70,8 @@ def vllm_run(ray_cluster, tmp_path_factory, tiny_agents, base_args, prompt_file)
     folder = tmp_path_factory.mktemp("vllm_run")
     args = base_args(folder, "--agent", f"name=llama,pretrain={tiny_agents['llama']}",
                      "--agent", f"name=qwen,pretrain={tiny_agents['qwen']}", "--rollout_backend", "vllm",
-                     "--vllm_num_engines", "1", "--train_batch_size", "8", "--max_steps", "1", "--save_steps", "1",
-                     "--actor_learning_rate", "3e-2")
+                     "--vllm_num_engines", "1", "--vllm_cpu_single_process", "--train_batch_size", "8",
+                     "--max_steps", "1", "--save_steps", "1", "--actor_learning_rate", "3e-2")
     prompts = load_prompt_dataset(prompt_file)
     controller = HACPOController(build_config(args))
     try:
