@@ -1,21 +1,27 @@
-"""The step timeline model (openrlhf_hacpo/trainer/timeline.py) against measured steps, and its one-step-off forecast.
+"""The step timeline model (openrlhf_hacpo/trainer/timeline.py) against measured steps, and its one-step-off forecast
+against measured one-step-off steps.
 
     python benchmarks/throughput.py --config model --arms gspo,hacpo     # measured runs (or any earlier ones)
-    python benchmarks/timeline_check.py runs/throughput/model             # this table
+    python benchmarks/timeline_check.py runs/throughput/model             # these tables
 
-For every run folder under the given root (``<arm>/round<r>/metrics.jsonl``, as benchmarks/throughput.py leaves
-them) and every step after the warm-up, the step's own per-agent phase costs (``time/generate``, ``time/scoring``,
-the learner's phases, ``time/sync``, the driver's reward and capability) go into the model, and the predicted
-synchronous step is set beside the measured ``time/step``. Per arm it prints the medians over the measured steps:
-measured step, predicted step and their relative difference, the two phases' overheads the costs leave out (the
-measured rollout phase less max_k (g_k + s_k), the train phase less max_k l_k: the driver's calls, transfers and
-bookkeeping), and the forecast of the one-step-off step on resources of its own and on ``--cores`` shared cores:
-the model's one-step-off step plus the step's whole residual (measured less predicted synchronous step, assumed
-paid in full, none of it hidden by the overlap), with the gain measured step / forecast.
+For every synchronous run folder under the given root (``<arm>/round<r>/metrics.jsonl``, as benchmarks/throughput.py
+leaves them) and every step after the warm-up, the step's own per-agent phase costs (``time/generate``,
+``time/scoring``, the learner's phases, ``time/sync``, the driver's reward and capability) go into the model and the
+predicted synchronous step is set beside the measured ``time/step``, twice: from the costs alone, and with the two
+phases' dispatch (``collect``: the measured rollout phase less max_k (g_k + s_k); ``dispatch``: the train phase less
+max_k l_k), each the median over the arm's *other* measured steps, so that no step's prediction reads its own
+length. Per arm it prints the medians over the measured steps.
+
+The one-step-off forecast takes the same costs and the arm's median dispatch, on resources of its own and on
+``--cores`` shared cores. Where the root also holds the arm's one-step-off run (``<arm>-overlap``, as
+``--arms gspo,hacpo,gspo-overlap,hacpo-overlap -- --rollout_backend hf_engine`` leaves them), its measured median
+step (warm-up and last step dropped: the last generates nothing) is set beside the forecast: a check of the
+schedule the model forecasts from synchronous measurements only.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -31,57 +37,96 @@ from throughput_stats import median, steps_of  # noqa: E402
 
 from openrlhf_hacpo.trainer.timeline import (  # noqa: E402
     Resources,
+    dispatch_from_records,
     one_step_off_step,
     phases_from_records,
     synchronous_step,
 )
 
+OVERLAP = "-overlap"
+"""The suffix of a one-step-off arm's folder (benchmarks/throughput.py's arm names)."""
 
-def step_check(records: Sequence[Mapping[str, Any]], cores: int) -> dict[str, float]:
-    """One step's measured and predicted seconds from its per-agent records (agent order as logged)."""
-    phases = phases_from_records(records)
-    first = records[0]
-    rollout_costs = max(a.generate + a.scoring for a in phases.agents)
-    learn_costs = max(a.learn for a in phases.agents)
-    measured = float(first["time/step"])
-    synchronous = synchronous_step(phases)
-    residual = measured - synchronous
-    off_own = one_step_off_step(phases) + residual
-    off_shared = one_step_off_step(phases, Resources.shared(cores)) + residual
+
+def step_check(records: Sequence[Mapping[str, Any]], cores: int, collect: float,
+               dispatch: float) -> dict[str, float]:
+    """One synchronous step's measured and predicted seconds from its per-agent records (agent order as logged);
+    ``collect`` and ``dispatch``: the phases' dispatch to predict it with (measured on other steps)."""
+    costs = phases_from_records(records)
+    phases = dataclasses.replace(costs, collect=collect, dispatch=dispatch)
+    measured = float(records[0]["time/step"])
     return {
         "measured": measured,
-        "predicted": synchronous,
-        "rollout_overhead": float(first["time/rollout_phase"]) - rollout_costs,
-        "train_overhead": float(first["time/train_phase"]) - learn_costs,
-        "off_own": off_own,
-        "off_shared": off_shared,
-        "gain_own": measured / off_own,
-        "gain_shared": measured / off_shared,
+        "costs_only": synchronous_step(costs),
+        "predicted": synchronous_step(phases),
+        "collect": collect,
+        "dispatch": dispatch,
+        "off_own": one_step_off_step(phases),
+        "off_shared": one_step_off_step(phases, Resources.shared(cores)),
     }
 
 
-def arm_checks(root: Path, warmup: int, cores: int) -> dict[str, list[dict[str, float]]]:
-    """Per arm folder under ``root``: the checks of every measured step of every round."""
-    out: dict[str, list[dict[str, float]]] = {}
+def _runs(root: Path, warmup: int) -> dict[str, list[list[list[Mapping[str, Any]]]]]:
+    """Per arm folder under ``root``: per round, the records of every measured step (a one-step-off arm's last step
+    left out)."""
+    out: dict[str, list[list[list[Mapping[str, Any]]]]] = {}
     for metrics in sorted(root.glob("*/round*/metrics.jsonl")):
         records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
-        steps = steps_of(records, warmup)
-        out.setdefault(metrics.parent.parent.name, []).extend(step_check(recs, cores) for recs in steps.values())
+        arm = metrics.parent.parent.name
+        steps = list(steps_of(records, warmup).values())
+        if arm.endswith(OVERLAP):
+            steps = steps[:-1]
+        out.setdefault(arm, []).append(steps)
     if not out:
         raise FileNotFoundError(f"no <arm>/round<r>/metrics.jsonl under {root}: run benchmarks/throughput.py first")
     return out
 
 
-def format_table(checks: Mapping[str, Sequence[Mapping[str, float]]], cores: int) -> str:
-    lines = [f"| arm | steps | measured step s | predicted s | predicted / measured − 1 | rollout overhead s | "
-             f"train overhead s | one step off, own cores s | gain | one step off, {cores} shared cores s | gain |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+def arm_checks(root: Path, warmup: int, cores: int) -> dict[str, list[dict[str, float]]]:
+    """Per synchronous arm folder under ``root``: the checks of every measured step of every round, each predicted
+    with the median dispatch of the arm's other steps."""
+    out: dict[str, list[dict[str, float]]] = {}
+    for arm, rounds in _runs(root, warmup).items():
+        if arm.endswith(OVERLAP):
+            continue
+        steps = [recs for run in rounds for recs in run]
+        measured = [dispatch_from_records(recs) for recs in steps]
+        if len(steps) < 2:
+            raise ValueError(f"arm {arm!r} has {len(steps)} measured step(s): the dispatch of a step is taken from "
+                             "the others, so give --steps >= warmup + 2")
+        checks = []
+        for i, recs in enumerate(steps):
+            others = measured[:i] + measured[i + 1:]
+            checks.append(step_check(recs, cores, median([c for c, _ in others]), median([e for _, e in others])))
+        out[arm] = checks
+    return out
+
+
+def overlap_steps(root: Path, warmup: int) -> dict[str, list[float]]:
+    """Per one-step-off arm under ``root`` (named by its synchronous arm): its measured steps' seconds."""
+    return {arm[:-len(OVERLAP)]: [float(recs[0]["time/step"]) for run in rounds for recs in run]
+            for arm, rounds in _runs(root, warmup).items() if arm.endswith(OVERLAP)}
+
+
+def format_tables(checks: Mapping[str, Sequence[Mapping[str, float]]], overlap: Mapping[str, Sequence[float]],
+                  cores: int) -> str:
+    lines = ["| arm | steps | measured step s | costs only s | costs only / measured − 1 | collect s | dispatch s | "
+             "predicted s | predicted / measured − 1 |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    medians = {}
     for arm, rows in checks.items():
-        m = {key: median([row[key] for row in rows]) for key in rows[0]}
-        lines.append(f"| {arm} | {len(rows)} | {m['measured']:.3f} | {m['predicted']:.3f} | "
-                     f"{m['predicted'] / m['measured'] - 1:+.1%} | {m['rollout_overhead']:.3f} | "
-                     f"{m['train_overhead']:.3f} | {m['off_own']:.3f} | {m['gain_own']:.2f}× | "
-                     f"{m['off_shared']:.3f} | {m['gain_shared']:.2f}× |")
+        m = medians[arm] = {key: median([row[key] for row in rows]) for key in rows[0]}
+        lines.append(f"| {arm} | {len(rows)} | {m['measured']:.3f} | {m['costs_only']:.3f} | "
+                     f"{m['costs_only'] / m['measured'] - 1:+.1%} | {m['collect']:.3f} | {m['dispatch']:.3f} | "
+                     f"{m['predicted']:.3f} | {m['predicted'] / m['measured'] - 1:+.1%} |")
+    lines += ["", f"| arm | one step off, own cores s | gain | one step off, {cores} shared cores s | gain | "
+                  "measured one step off s | steps | forecast / measured − 1 |",
+              "|---|---|---|---|---|---|---|---|"]
+    for arm, m in medians.items():
+        measured = overlap.get(arm)
+        tail = (f"{median(measured):.3f} | {len(measured)} | {m['off_shared'] / median(measured) - 1:+.1%}"
+                if measured else "– | – | –")
+        lines.append(f"| {arm} | {m['off_own']:.3f} | {m['measured'] / m['off_own']:.2f}× | {m['off_shared']:.3f} | "
+                     f"{m['measured'] / m['off_shared']:.2f}× | {tail} |")
     return "\n".join(lines)
 
 
@@ -91,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="first steps of each run left out [2]")
     p.add_argument("--cores", type=int, default=2, help="cores shared by every process in the shared forecast [2]")
     args = p.parse_args(argv)
-    print(format_table(arm_checks(args.runs, args.warmup, args.cores), args.cores))
+    print(format_tables(arm_checks(args.runs, args.warmup, args.cores), overlap_steps(args.runs, args.warmup),
+                        args.cores))
     return 0
 
 

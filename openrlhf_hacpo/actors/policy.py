@@ -14,6 +14,7 @@ Each agent's ranks form their own ``torch.distributed`` group, so agents never s
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Sequence
 
 import torch
@@ -33,7 +34,7 @@ from openrlhf_hacpo.models.tokenizer import load_tokenizer
 from openrlhf_hacpo.rollout import Trajectory
 from openrlhf_hacpo.utils.network import free_port, rendezvous_host
 from openrlhf_hacpo.utils.process_memory import process_memory
-from openrlhf_hacpo.utils.timing import PhaseTimer
+from openrlhf_hacpo.utils.timing import PhaseTimer, with_rest
 
 __all__ = ["PolicyWorker", "policy_actor_class"]
 
@@ -95,6 +96,7 @@ class PolicyWorker:
         # under ZeRO-3 the embedding is partitioned (its local shape is empty): take the size from the config
         self.hf_engine.vocab_size = int(self.model.config.vocab_size)
         self.scorer = RolloutScorer(self.cfg, self.agent_index, self.tokenizer, eos_token_ids)
+        self._first_phase_s = 0.0  # seconds of train_own_rows_first, added to train_finish's train_rest
         self.updater = UpdateLoop(self.cfg, agent, self.agent_index, self.rank, self.world_size, self.engine,
                                   self.client_optimizer, self.tokenizer, view_config(self.cfg), self.device)
         if self.cfg.old_logp_from_update:
@@ -139,12 +141,14 @@ class PolicyWorker:
         return self.hf_engine.generate(self.scorer.prompt_ids(prompts), sampling)
 
     def rollout(self, prompts: Sequence[Any], sampling: SamplingConfig, step: int) -> RolloutResult:
-        """Generate (``hf`` backend) and score own responses; times the ``generate`` and ``scoring`` phases."""
+        """Generate (``hf`` backend) and score own responses; times the ``generate`` and ``scoring`` phases and the
+        rest of the call (``rollout_rest``)."""
+        started = time.perf_counter()
         timer = PhaseTimer()
         with timer.phase("generate"):
             rendered = self.scorer.render(prompts)
             outputs = self.hf_engine.generate(rendered.ids, sampling)
-        return self._scored(prompts, rendered, outputs, step, timer)
+        return with_rest(self._scored(prompts, rendered, outputs, step, timer), "rollout_rest", started)
 
     def render(self, prompts: Sequence[Any]) -> RenderedPrompts:
         """The prompts' ids (what the engines generate from) and texts, rendered once for the whole agent."""
@@ -157,12 +161,13 @@ class PolicyWorker:
 
         ``shard`` holds the global indices of this rank's ``prompts`` (and of their ``rendered`` form); engine e
         sampled the prompts ``engine_shards[e]`` and returned ``engine_outputs[e]`` (Ray hands the engines' results
-        straight to this call). Only the ``scoring`` phase is timed here: the agent group times the engines'
-        ``generate``.
+        straight to this call). Only the ``scoring`` phase and the rest of the call (``rollout_rest``) are timed
+        here: the agent group times the engines' ``generate``.
         """
+        started = time.perf_counter()
         self.wake()
         outputs = outputs_for_shard(shard, engine_shards, engine_outputs)
-        return self._scored(prompts, rendered, outputs, step, PhaseTimer())
+        return with_rest(self._scored(prompts, rendered, outputs, step, PhaseTimer()), "rollout_rest", started)
 
     def sleep(self) -> None:
         """``deepspeed_enable_sleep``: move the engine's weights, gradients and optimizer states off the device while
@@ -185,21 +190,28 @@ class PolicyWorker:
     # ------------------------------------------------------------------------------------------------ training
     def train_step(self, trajectories: Sequence[Trajectory], step: int,
                    ratios: CapabilityRatios) -> RankTrainResult:
-        """Update the policy on one step's trajectories (see :meth:`UpdateLoop.train_step`)."""
+        """Update the policy on one step's trajectories (see :meth:`UpdateLoop.train_step`); the call's seconds
+        outside the learner's named phases are its ``train_rest``."""
+        started = time.perf_counter()
         self.wake()
-        return self.updater.train_step(trajectories, step, ratios)
+        return with_rest(self.updater.train_step(trajectories, step, ratios), "train_rest", started)
 
     def train_own_rows_first(self, trajectories: Sequence[Trajectory], step: int,
                              ratios: CapabilityRatios) -> dict[int, tuple[float, int]]:
         """Phase 1 of a step with ``old_logp_from_update``: the sums and counts of this rank's own rows' old
         log-probs, by trajectory position (see :func:`~openrlhf_hacpo.actors.first_update.own_rows_first`)."""
+        started = time.perf_counter()
         self.wake()
-        return first_update.old_logp_sums(first_update.own_rows_first(self.updater, trajectories, step, ratios))
+        sums = first_update.old_logp_sums(first_update.own_rows_first(self.updater, trajectories, step, ratios))
+        self._first_phase_s = time.perf_counter() - started
+        return sums
 
     def train_finish(self, old_means: Sequence[float]) -> RankTrainResult:
         """Phase 2: every trajectory's old log-prob mean in, the step's updates out
-        (:func:`~openrlhf_hacpo.actors.first_update.finish_step`)."""
-        return first_update.finish_step(self.updater, old_means)
+        (:func:`~openrlhf_hacpo.actors.first_update.finish_step`); its ``train_rest`` covers both calls."""
+        started = time.perf_counter() - self._first_phase_s
+        self._first_phase_s = 0.0
+        return with_rest(first_update.finish_step(self.updater, old_means), "train_rest", started)
 
     # ------------------------------------------------------------------------------------------------ weights, state
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:

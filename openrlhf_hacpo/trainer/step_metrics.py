@@ -1,9 +1,11 @@
 """One metrics record per agent and step: what the step's phases measured, in the names ``metrics.jsonl`` uses.
 
 Times (seconds): ``time/generate`` and ``time/scoring`` (the agent's sampling and old-log-prob recompute, its
-slowest rank), ``time/view``, ``time/advantages``, ``time/reference``, ``time/probe`` and ``time/update`` (its
-learner's parts of the training phase, slowest rank), ``time/logprob`` (scoring + reference, kept for earlier
-reports), ``time/wait`` (how long the agent idled inside the rollout and training phases while other agents worked),
+slowest rank), ``time/rollout_rest`` (the rest of its policy actor's rollout call), ``time/view``,
+``time/advantages``, ``time/reference``, ``time/probe`` and ``time/update`` (its learner's parts of the training
+phase, slowest rank), ``time/train_rest`` (the rest of the learner's call: planning, reductions, results),
+``time/logprob`` (scoring + reference, kept for earlier reports), ``time/wait`` (how long the agent idled inside the
+rollout and training phases while other agents worked),
 and the driver's ``time/reward``, ``time/capability``, ``time/sync``, ``time/rollout_phase``, ``time/train_phase``,
 ``time/step``. Work: ``perf/tokens_generated``, and from the learner ``perf/rows_trained`` / ``perf/tokens_trained``
 (rows of its view) and ``perf/rows_backward`` / ``perf/tokens_backward`` (those that went through a backward pass).
@@ -23,11 +25,13 @@ from openrlhf_hacpo.rollout import Trajectory
 
 __all__ = ["LEARNER_PHASES", "ROLLOUT_PHASES", "agent_step_record"]
 
-LEARNER_PHASES = ("view", "advantages", "reference", "probe", "update")
-"""The parts of a learner's training step, timed by the update loop."""
+LEARNER_PHASES = ("view", "advantages", "reference", "probe", "update", "train_rest")
+"""The parts of a learner's training step, timed by the update loop; ``train_rest``: the rest of the policy actor's
+call (planning, metric reductions, results)."""
 
-ROLLOUT_PHASES = ("generate", "scoring")
-"""The parts of an agent's rollout (:attr:`~openrlhf_hacpo.actors.results.RolloutResult.timings`)."""
+ROLLOUT_PHASES = ("generate", "scoring", "rollout_rest")
+"""The parts of an agent's rollout (:attr:`~openrlhf_hacpo.actors.results.RolloutResult.timings`); ``rollout_rest``:
+the rest of the policy actor's call (results built)."""
 
 
 def agent_step_record(step: int, agent: int, agent_names: Sequence[str], summary: Mapping[str, float],

@@ -4,7 +4,7 @@
 generates and scores its own rollouts (concurrently), the driver verifies the rewards and updates the capability
 tracker, every learner trains (concurrently), then the weights go to each agent's engines in turn::
 
-    T_sync = max_k (g_k + s_k) + d + max_k l_k + Σ_k y_k + o
+    T_sync = max_k (g_k + s_k) + c + d + e + max_k l_k + Σ_k y_k + o
 
 **One step off** (generation of step t+1 runs while the learners train on step t, as in verl's one-step-off
 recipe): at the start of a step the engines begin generating the next batch with the weights synced at the end of
@@ -12,11 +12,14 @@ the previous step while the driver scores the current batch and the learners tra
 the next batch's own rollouts with its new weights (they need both the engine's rollouts and the finished update),
 and the step ends with the weight sync::
 
-    T_off = max_k ( max(g_k, d + l_k) + s_k ) + Σ_k y_k + o
+    T_off = max_k ( max(g_k, d + e + l_k) + s_k ) + c + Σ_k y_k + o
 
-with, per agent k, g_k its generation, s_k its scoring pass (old log-probs of its own rollouts), l_k its learner's
-train phase (view, advantages, reference, probe, update), y_k its weight sync; d the driver's work between the two
-phases (reward, capability) and o its bookkeeping after the sync. The formulas hold when every process runs at full
+with, per agent k, g_k its generation, s_k its scoring pass (old log-probs of its own rollouts) and the rest of its
+rollout call, l_k its learner's whole call (view, advantages, reference, probe, update and the rest), y_k its weight
+sync; d the driver's work between the two phases (reward, capability), o its bookkeeping after the sync, and the
+two phases' dispatch, which no process's timed work covers: c collecting the rollouts (their results serialized,
+sent and read by the driver), e sending the step's trajectories to the learners (put in the object store, read by
+each learner before its call starts, the results returned). The formulas hold when every process runs at full
 speed (generation on resources of its own). When processes share cores, the step is simulated under processor
 sharing (:class:`Resources`): while more processes of a pool run than it has room for, each advances at
 capacity / running of its full speed. The synchronous schedule never runs an agent's generation and its learner at
@@ -24,7 +27,8 @@ once, so sharing changes it only where the processes of one phase already outnum
 
 Costs are the seconds each phase takes when its process runs alone at full speed: on a CPU run with at least as many
 cores as busy processes (the tiny preset: two agents on two cores), the trainer's own ``time/*`` metrics
-(:func:`phases_from_records`).
+(:func:`phases_from_records`); the dispatch c and e from a phase's measured length less its processes' costs
+(:func:`dispatch_from_records`).
 """
 from __future__ import annotations
 
@@ -32,8 +36,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
-__all__ = ["AgentPhases", "Resources", "StepPhases", "Task", "one_step_off_step", "one_step_off_tasks",
-           "phases_from_records", "simulate", "synchronous_step", "synchronous_tasks"]
+__all__ = ["AgentPhases", "Resources", "StepPhases", "Task", "dispatch_from_records", "one_step_off_step",
+           "one_step_off_tasks", "phases_from_records", "simulate", "synchronous_step", "synchronous_tasks"]
 
 
 def _check_seconds(owner: str, values: Mapping[str, float]) -> None:
@@ -52,7 +56,9 @@ class AgentPhases:
         probe: its learner's pass deciding which foreign rows have a gradient (``time/probe``).
         update: its learner's forward and backward passes and optimizer steps (``time/update``).
         sync: sending its weights to its engines (``time/sync``; 0 when it generates in the policy).
-        learner_other: the rest of its learner's train phase: view, advantages, reference pass.
+        learner_other: the rest of its learner's train phase: view, advantages, reference pass and the rest of the
+            learner's call (``time/train_rest``: planning, metric reductions, results).
+        rollout_rest: the rest of its policy's rollout call after scoring (``time/rollout_rest``: results built).
     """
 
     generate: float
@@ -61,6 +67,7 @@ class AgentPhases:
     update: float = 0.0
     sync: float = 0.0
     learner_other: float = 0.0
+    rollout_rest: float = 0.0
 
     def __post_init__(self) -> None:
         _check_seconds("AgentPhases", {f.name: getattr(self, f.name) for f in fields(self)})
@@ -70,21 +77,30 @@ class AgentPhases:
         """The learner's train phase: ``learner_other + probe + update``."""
         return self.learner_other + self.probe + self.update
 
+    @property
+    def score(self) -> float:
+        """The policy's part of the rollout after generation: ``scoring + rollout_rest`` (s_k of the formulas)."""
+        return self.scoring + self.rollout_rest
+
 
 @dataclass(frozen=True)
 class StepPhases:
     """A step's costs: each agent's phases, the driver's work between the rollout and train phases (``driver``:
-    reward and capability) and after the sync (``other``)."""
+    reward and capability) and after the sync (``other``), and the dispatch of the two phases (``collect``: c,
+    reading the rollouts; ``dispatch``: e, the trajectories to the learners and their results back)."""
 
     agents: tuple[AgentPhases, ...]
     driver: float = 0.0
     other: float = 0.0
+    collect: float = 0.0
+    dispatch: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.agents:
             raise ValueError("StepPhases.agents is empty: a step has at least one agent")
         object.__setattr__(self, "agents", tuple(self.agents))
-        _check_seconds("StepPhases", {"driver": self.driver, "other": self.other})
+        _check_seconds("StepPhases", {"driver": self.driver, "other": self.other, "collect": self.collect,
+                                      "dispatch": self.dispatch})
 
 
 @dataclass(frozen=True)
@@ -208,45 +224,49 @@ def synchronous_tasks(phases: StepPhases) -> list[Task]:
     tasks = []
     for k, agent in enumerate(phases.agents):
         tasks.append(Task(f"generate{k}", "engine", agent.generate))
-        tasks.append(Task(f"scoring{k}", "policy", agent.scoring, (f"generate{k}",)))
-    tasks.append(Task("driver", "driver", phases.driver, tuple(f"scoring{k}" for k in range(n))))
-    tasks += [Task(f"learn{k}", "policy", agent.learn, ("driver",)) for k, agent in enumerate(phases.agents)]
+        tasks.append(Task(f"scoring{k}", "policy", agent.score, (f"generate{k}",)))
+    tasks.append(Task("collect", "driver", phases.collect, tuple(f"scoring{k}" for k in range(n))))
+    tasks.append(Task("driver", "driver", phases.driver, ("collect",)))
+    tasks.append(Task("dispatch", "driver", phases.dispatch, ("driver",)))
+    tasks += [Task(f"learn{k}", "policy", agent.learn, ("dispatch",)) for k, agent in enumerate(phases.agents)]
     return tasks + _sync_chain(phases, tuple(f"learn{k}" for k in range(n)))
 
 
 def one_step_off_tasks(phases: StepPhases) -> list[Task]:
     """The phases of one step of the one-step-off schedule in its steady state (module docstring)."""
     n = len(phases.agents)
-    tasks = [Task("driver", "driver", phases.driver)]
+    tasks = [Task("driver", "driver", phases.driver), Task("dispatch", "driver", phases.dispatch, ("driver",))]
     for k, agent in enumerate(phases.agents):
         tasks.append(Task(f"generate{k}", "engine", agent.generate))
-        tasks.append(Task(f"learn{k}", "policy", agent.learn, ("driver",)))
-        tasks.append(Task(f"scoring{k}", "policy", agent.scoring, (f"generate{k}", f"learn{k}")))
-    return tasks + _sync_chain(phases, tuple(f"scoring{k}" for k in range(n)))
+        tasks.append(Task(f"learn{k}", "policy", agent.learn, ("dispatch",)))
+        tasks.append(Task(f"scoring{k}", "policy", agent.score, (f"generate{k}", f"learn{k}")))
+    tasks.append(Task("collect", "driver", phases.collect, tuple(f"scoring{k}" for k in range(n))))
+    return tasks + _sync_chain(phases, ("collect",))
 
 
 def synchronous_step(phases: StepPhases, resources: Resources | None = None) -> float:
     """Seconds of one synchronous step; without ``resources`` (every process at full speed) this is
-    ``max_k (g_k + s_k) + d + max_k l_k + Σ_k y_k + o``."""
+    ``max_k (g_k + s_k) + c + d + e + max_k l_k + Σ_k y_k + o``."""
     return _makespan(synchronous_tasks(phases), resources or Resources.unlimited())
 
 
 def one_step_off_step(phases: StepPhases, resources: Resources | None = None) -> float:
     """Seconds of one step of the one-step-off schedule in its steady state; without ``resources`` this is
-    ``max_k (max(g_k, d + l_k) + s_k) + Σ_k y_k + o``."""
+    ``max_k (max(g_k, d + e + l_k) + s_k) + c + Σ_k y_k + o``."""
     return _makespan(one_step_off_tasks(phases), resources or Resources.unlimited())
 
 
 _AGENT_KEYS = {"generate": "time/generate", "scoring": "time/scoring", "probe": "time/probe",
-               "update": "time/update", "sync": "time/sync"}
-_LEARNER_OTHER = ("time/view", "time/advantages", "time/reference")
+               "update": "time/update", "sync": "time/sync", "rollout_rest": "time/rollout_rest"}
+_LEARNER_OTHER = ("time/view", "time/advantages", "time/reference", "time/train_rest")
 
 
 def phases_from_records(records: Sequence[Mapping[str, float]]) -> StepPhases:
     """A step's costs from its per-agent ``metrics.jsonl`` records (one per agent, in agent order): each agent's
-    ``time/generate``, ``time/scoring``, ``time/probe``, ``time/update``, ``time/sync`` and ``time/view`` +
-    ``time/advantages`` + ``time/reference``; the driver's ``time/reward`` + ``time/capability``. A key a record
-    lacks counts 0 (a trainer that did not log it); a record without ``time/generate`` raises ValueError naming it.
+    ``time/generate``, ``time/scoring``, ``time/rollout_rest``, ``time/probe``, ``time/update``, ``time/sync`` and
+    ``time/view`` + ``time/advantages`` + ``time/reference`` + ``time/train_rest``; the driver's ``time/reward`` +
+    ``time/capability``. A key a record lacks counts 0 (a trainer that did not log it); a record without
+    ``time/generate`` raises ValueError naming it.
     """
     if not records:
         raise ValueError("phases_from_records: no records")
@@ -261,3 +281,14 @@ def phases_from_records(records: Sequence[Mapping[str, float]]) -> StepPhases:
     first = records[0]
     driver = float(first.get("time/reward", 0.0)) + float(first.get("time/capability", 0.0))
     return StepPhases(tuple(agents), driver=driver)
+
+
+def dispatch_from_records(records: Sequence[Mapping[str, float]]) -> tuple[float, float]:
+    """The two phases' dispatch of a synchronous step (``collect``, ``dispatch``), from its per-agent records: the
+    driver's measured rollout phase (``time/rollout_phase``: its wait from the calls sent to the results read) less
+    max_k (g_k + s_k), and its train phase (``time/train_phase``) less max_k l_k, each at least 0."""
+    phases = phases_from_records(records)
+    first = records[0]
+    collect = float(first["time/rollout_phase"]) - max(a.generate + a.score for a in phases.agents)
+    dispatch = float(first["time/train_phase"]) - max(a.learn for a in phases.agents)
+    return max(collect, 0.0), max(dispatch, 0.0)

@@ -12,10 +12,11 @@ Every phase the trainer reports as ``time/<name>`` comes from one of these mappi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-__all__ = ["PhaseTimer", "slowest"]
+__all__ = ["PhaseTimer", "slowest", "with_rest"]
 
 
 class PhaseTimer:
@@ -57,3 +58,12 @@ def slowest(parts: Sequence[Mapping[str, float]]) -> dict[str, float]:
         for name, seconds in part.items():
             out[name] = max(out.get(name, 0.0), float(seconds))
     return out
+
+
+def with_rest(result: Any, name: str, started: float) -> Any:
+    """``result`` (a frozen dataclass with ``timings``: the phases one call timed) with ``timings[name]`` added: the
+    seconds since ``started`` (``time.perf_counter()`` when the call began) that none of its phases covers
+    (planning, reductions, results built), so that the phases and the rest add up to the call."""
+    timed = sum(result.timings.values())
+    rest = max(time.perf_counter() - started - timed, 0.0)
+    return dataclasses.replace(result, timings={**result.timings, name: rest})

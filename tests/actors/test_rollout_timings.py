@@ -1,5 +1,6 @@
 """A policy rank's rollout times its two phases with one PhaseTimer: ``generate`` (rendering and sampling) and
-``scoring`` (the old-log-prob recompute); a rank that scores the engines' responses times ``scoring`` only."""
+``scoring`` (the old-log-prob recompute); a rank that scores the engines' responses times ``scoring`` only. Either
+call adds ``rollout_rest``, its time outside those phases."""
 from __future__ import annotations
 
 import time
@@ -12,6 +13,7 @@ from openrlhf_hacpo.engines.base import GenerationOutput
 
 GENERATE_S = 0.2
 SCORE_S = 0.1
+REST_S = 0.05  # work of the call outside its phases
 
 
 class Scorer:
@@ -24,6 +26,7 @@ class Scorer:
         return []
 
     def scoring_positions(self, rendered, outputs):
+        time.sleep(REST_S)
         return 10 * len(outputs), 7 * len(outputs)
 
 
@@ -42,9 +45,10 @@ def worker() -> PolicyWorker:
 
 def test_rollout_times_generate_and_scoring_apart():
     result = worker().rollout([SimpleNamespace(prompt="q")] * 2, SimpleNamespace(n=1), step=1)
-    assert set(result.timings) == {"generate", "scoring"}
+    assert set(result.timings) == {"generate", "scoring", "rollout_rest"}
     assert GENERATE_S <= result.timings["generate"] < GENERATE_S + SCORE_S  # the scoring is not in it
-    assert SCORE_S <= result.timings["scoring"] < SCORE_S + GENERATE_S
+    assert SCORE_S <= result.timings["scoring"] < SCORE_S + REST_S
+    assert REST_S <= result.timings["rollout_rest"] < REST_S + SCORE_S
     assert result.generated_tokens == 6
     assert (result.scoring_positions, result.scoring_tokens) == (20, 14)
 
@@ -53,5 +57,7 @@ def test_scoring_engine_outputs_times_scoring_only():
     outputs = [GenerationOutput(0, 0, [5, 6], "", True, "stop")]
     result = worker().score_engine_outputs([SimpleNamespace(prompt="q")], RenderedPrompts([[1]], ["q"]), [0], [[0]],
                                            1, outputs)
-    assert set(result.timings) == {"scoring"} and result.timings["scoring"] >= SCORE_S
+    assert set(result.timings) == {"scoring", "rollout_rest"}
+    assert SCORE_S <= result.timings["scoring"] < SCORE_S + REST_S
+    assert REST_S <= result.timings["rollout_rest"] < REST_S + SCORE_S
     assert result.generated_tokens == 2

@@ -43,13 +43,14 @@ def test_rollout_phase_times_and_the_figures_made_from_them():
     assert (rec["time/sync"], rec["time/step"], rec["omega/b"], rec["loss"]) == (0.75, 31.0, 2.0, 0.1)
     # the keys keep their place in the record (metrics.jsonl column order)
     keys = list(rec)
-    assert keys[keys.index("perf/tokens_generated") + 1:][:3] == ["time/generate", "time/scoring", "time/reward"]
+    assert keys[keys.index("perf/tokens_generated") + 1:][:4] == ["time/generate", "time/scoring", "time/rollout_rest",
+                                                                 "time/reward"]
 
 
 def test_a_phase_the_rollout_did_not_time_counts_zero():
     rec = record(RolloutResult(trajectories=(), timings={"scoring": 1.0}, generated_tokens=0))
     assert rec["time/generate"] == 0.0 and rec["rollout/tokens_per_s"] == 0.0
-    assert [f"time/{n}" in rec for n in ROLLOUT_PHASES] == [True, True]
+    assert [f"time/{n}" in rec for n in ROLLOUT_PHASES] == [True, True, True]
 
 
 def test_combine_takes_the_slowest_rank_per_phase():

@@ -10,6 +10,7 @@ from openrlhf_hacpo.trainer.timeline import (
     Resources,
     StepPhases,
     Task,
+    dispatch_from_records,
     one_step_off_step,
     phases_from_records,
     simulate,
@@ -61,25 +62,29 @@ def test_simulation_with_unlimited_resources_equals_the_closed_forms():
     rng = random.Random(0)
     for _ in range(200):
         n = rng.randint(1, 4)
-        agents = tuple(AgentPhases(*(rng.uniform(0, 2) for _ in range(6))) for _ in range(n))
-        phases = StepPhases(agents, driver=rng.uniform(0, 0.5), other=rng.uniform(0, 0.5))
+        agents = tuple(AgentPhases(*(rng.uniform(0, 2) for _ in range(7))) for _ in range(n))
+        phases = StepPhases(agents, driver=rng.uniform(0, 0.5), other=rng.uniform(0, 0.5),
+                            collect=rng.uniform(0, 0.5), dispatch=rng.uniform(0, 0.5))
         g = [a.generate for a in agents]
-        s = [a.scoring for a in agents]
+        s = [a.scoring + a.rollout_rest for a in agents]
         l_ = [a.learner_other + a.probe + a.update for a in agents]
         y = sum(a.sync for a in agents)
-        d, o = phases.driver, phases.other
-        assert synchronous_step(phases) == pytest.approx(max(gk + sk for gk, sk in zip(g, s)) + d + max(l_) + y + o)
+        c, d, e, o = phases.collect, phases.driver, phases.dispatch, phases.other
+        assert synchronous_step(phases) == pytest.approx(
+            max(gk + sk for gk, sk in zip(g, s)) + c + d + e + max(l_) + y + o)
         assert one_step_off_step(phases) == pytest.approx(
-            max(max(gk, d + lk) + sk for gk, lk, sk in zip(g, l_, s)) + y + o)
+            max(max(gk, d + e + lk) + sk for gk, lk, sk in zip(g, l_, s)) + c + y + o)
 
 
 def test_on_one_core_both_schedules_take_the_whole_work_of_the_step():
     """Processor sharing on one core never idles while work is left: overlap cannot help there."""
     rng = random.Random(1)
     for _ in range(50):
-        agents = tuple(AgentPhases(*(rng.uniform(0, 2) for _ in range(6))) for _ in range(rng.randint(1, 3)))
-        phases = StepPhases(agents, driver=rng.uniform(0, 0.2), other=rng.uniform(0, 0.2))
-        total = sum(a.generate + a.scoring + a.learn + a.sync for a in agents) + phases.driver + phases.other
+        agents = tuple(AgentPhases(*(rng.uniform(0, 2) for _ in range(7))) for _ in range(rng.randint(1, 3)))
+        phases = StepPhases(agents, driver=rng.uniform(0, 0.2), other=rng.uniform(0, 0.2),
+                            collect=rng.uniform(0, 0.2), dispatch=rng.uniform(0, 0.2))
+        total = sum(a.generate + a.scoring + a.rollout_rest + a.learn + a.sync for a in agents) + phases.driver \
+            + phases.other + phases.collect + phases.dispatch
         assert one_step_off_step(phases, Resources.shared(1)) == pytest.approx(total)
         assert synchronous_step(phases, Resources.shared(1)) == pytest.approx(total)
 
@@ -119,6 +124,8 @@ def test_bad_costs_and_resources_are_named():
         AgentPhases(generate=float("nan"))
     with pytest.raises(ValueError, match="StepPhases.agents"):
         StepPhases(())
+    with pytest.raises(ValueError, match="StepPhases.dispatch"):
+        StepPhases((AgentPhases(generate=1.0),), dispatch=-1.0)
     with pytest.raises(ValueError, match="Resources.shared_pool"):
         Resources.shared(0)
 
@@ -127,15 +134,30 @@ def test_phases_from_metrics_records():
     records = [
         {"step": 3, "agent": "a", "time/generate": 0.4, "time/scoring": 0.1, "time/view": 0.01,
          "time/advantages": 0.02, "time/reference": 0.03, "time/probe": 0.05, "time/update": 0.3, "time/sync": 0.0,
-         "time/reward": 0.004, "time/capability": 0.001},
+         "time/reward": 0.004, "time/capability": 0.001, "time/rollout_rest": 0.007, "time/train_rest": 0.02},
         {"step": 3, "agent": "b", "time/generate": 0.2, "time/scoring": 0.05, "time/update": 0.2,
          "time/reward": 0.004, "time/capability": 0.001},
     ]
     phases = phases_from_records(records)
     first = phases.agents[0]
     assert (first.generate, first.scoring, first.probe, first.update, first.sync) == (0.4, 0.1, 0.05, 0.3, 0.0)
-    assert first.learner_other == pytest.approx(0.06)
+    assert first.learner_other == pytest.approx(0.08)  # view + advantages + reference + the rest of the call
+    assert first.rollout_rest == 0.007 and first.score == pytest.approx(0.107)
     assert phases.agents[1].learn == pytest.approx(0.2) and phases.agents[1].probe == 0.0
     assert phases.driver == pytest.approx(0.005)
     with pytest.raises(ValueError, match="step 4 agent 'c'"):
         phases_from_records([{"step": 4, "agent": "c", "time/update": 1.0}])
+
+
+def test_dispatch_is_each_phase_less_its_longest_process():
+    records = [
+        {"step": 3, "agent": "a", "time/generate": 0.4, "time/scoring": 0.1, "time/rollout_rest": 0.01,
+         "time/update": 0.3, "time/train_rest": 0.02, "time/rollout_phase": 0.6, "time/train_phase": 0.45},
+        {"step": 3, "agent": "b", "time/generate": 0.2, "time/scoring": 0.05, "time/update": 0.35,
+         "time/rollout_phase": 0.6, "time/train_phase": 0.45},
+    ]
+    # collect: 0.6 - max(0.4 + 0.1 + 0.01, 0.2 + 0.05); dispatch: 0.45 - max(0.3 + 0.02, 0.35)
+    assert dispatch_from_records(records) == (pytest.approx(0.09), pytest.approx(0.1))
+    # phases shorter than their processes' costs (clocks of different processes) give no negative dispatch
+    short = [{**r, "time/rollout_phase": 0.1, "time/train_phase": 0.1} for r in records]
+    assert dispatch_from_records(short) == (0.0, 0.0)
