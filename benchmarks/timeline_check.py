@@ -65,17 +65,17 @@ def step_check(records: Sequence[Mapping[str, Any]], cores: int, collect: float,
     }
 
 
-def _runs(root: Path, warmup: int) -> dict[str, list[list[list[Mapping[str, Any]]]]]:
-    """Per arm folder under ``root``: per round, the records of every measured step (a one-step-off arm's last step
-    left out)."""
-    out: dict[str, list[list[list[Mapping[str, Any]]]]] = {}
+def _runs(root: Path, warmup: int) -> dict[str, list[list[Mapping[str, Any]]]]:
+    """Per arm folder under ``root``: the records of every measured step of every round (a one-step-off arm's last
+    step of each round left out)."""
+    out: dict[str, list[list[Mapping[str, Any]]]] = {}
     for metrics in sorted(root.glob("*/round*/metrics.jsonl")):
         records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
         arm = metrics.parent.parent.name
         steps = list(steps_of(records, warmup).values())
         if arm.endswith(OVERLAP):
             steps = steps[:-1]
-        out.setdefault(arm, []).append(steps)
+        out.setdefault(arm, []).extend(steps)
     if not out:
         raise FileNotFoundError(f"no <arm>/round<r>/metrics.jsonl under {root}: run benchmarks/throughput.py first")
     return out
@@ -85,10 +85,9 @@ def arm_checks(root: Path, warmup: int, cores: int) -> dict[str, list[dict[str, 
     """Per synchronous arm folder under ``root``: the checks of every measured step of every round, each predicted
     with the median dispatch of the arm's other steps."""
     out: dict[str, list[dict[str, float]]] = {}
-    for arm, rounds in _runs(root, warmup).items():
+    for arm, steps in _runs(root, warmup).items():
         if arm.endswith(OVERLAP):
             continue
-        steps = [recs for run in rounds for recs in run]
         measured = [dispatch_from_records(recs) for recs in steps]
         if len(steps) < 2:
             raise ValueError(f"arm {arm!r} has {len(steps)} measured step(s): the dispatch of a step is taken from "
@@ -103,8 +102,8 @@ def arm_checks(root: Path, warmup: int, cores: int) -> dict[str, list[dict[str, 
 
 def overlap_steps(root: Path, warmup: int) -> dict[str, list[float]]:
     """Per one-step-off arm under ``root`` (named by its synchronous arm): its measured steps' seconds."""
-    return {arm[:-len(OVERLAP)]: [float(recs[0]["time/step"]) for run in rounds for recs in run]
-            for arm, rounds in _runs(root, warmup).items() if arm.endswith(OVERLAP)}
+    return {arm[:-len(OVERLAP)]: [float(recs[0]["time/step"]) for recs in steps]
+            for arm, steps in _runs(root, warmup).items() if arm.endswith(OVERLAP)}
 
 
 def format_tables(checks: Mapping[str, Sequence[Mapping[str, float]]], overlap: Mapping[str, Sequence[float]],
