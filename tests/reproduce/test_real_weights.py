@@ -70,8 +70,9 @@ def test_prepare_evaluate_with_both_backends_and_table(tmp_path, smollm2, monkey
     common = ["--model", smollm2, "--data", str(data / "champ.jsonl"), "--max_samples", str(MAX_PROMPTS),
               "--generate_max_len", str(MAX_NEW_TOKENS), "--dtype", "float32"]
     assert evaluate.main([*common, "--backend", "hf", "--sampled", "none", "--output_dir", str(tmp_path / "hf")]) == 0
-    _python("-m", "openrlhf_hacpo.cli.evaluate", *common, "--backend", "vllm", "--sampled", "champ:4",
-            "--output_dir", str(tmp_path / "vllm"), cwd=tmp_path)
+    # one engine process (vLLM's own layout is checked by tests/engines/test_vllm_engine.py)
+    _python("-m", "openrlhf_hacpo.cli.evaluate", *common, "--backend", "vllm", "--vllm_cpu_single_process",
+            "--sampled", "champ:4", "--output_dir", str(tmp_path / "vllm"), cwd=tmp_path)
 
     name = Path(smollm2).name
     hf, vllm = _generations(tmp_path / "hf" / name, "greedy"), _generations(tmp_path / "vllm" / name, "greedy")
