@@ -16,7 +16,9 @@ The one-step-off forecast takes the same costs and the arm's median dispatch, on
 ``--cores`` shared cores. Where the root also holds the arm's one-step-off run (``<arm>-overlap``, as
 ``--arms gspo,hacpo,gspo-overlap,hacpo-overlap -- --rollout_backend hf_engine`` leaves them), its measured median
 step (warm-up and last step dropped: the last generates nothing) is set beside the forecast: a check of the
-schedule the model forecasts from synchronous measurements only.
+schedule the model forecasts from synchronous measurements only. A third table sets, per agent, the medians of
+the synchronous and the one-step-off run side by side: the engines' own generation time (``time/engine_generate``),
+the scoring pass, the update, and the driver's train phase, its wait for the rollouts after it, the sync and the step.
 """
 from __future__ import annotations
 
@@ -106,6 +108,46 @@ def overlap_steps(root: Path, warmup: int) -> dict[str, list[float]]:
             for arm, steps in _runs(root, warmup).items() if arm.endswith(OVERLAP)}
 
 
+SHIFT_KEYS = ("time/engine_generate", "time/scoring", "time/update", "time/train_phase", "time/rollout_phase",
+              "time/sync", "time/step")
+"""What :func:`phase_shift` sets side by side: per agent, the engines' own generation time, the scoring pass and the
+update; the driver's train phase, its wait for the rollouts after it (``rollout_phase``), the sync and the step."""
+
+
+def phase_shift(root: Path, warmup: int) -> dict[str, dict[str, dict[str, tuple[float, float]]]]:
+    """Per arm with both runs under ``root``, per agent, per key of :data:`SHIFT_KEYS`: the median over the measured
+    steps of the synchronous run and of the one-step-off run (records without the key count as absent)."""
+    runs = _runs(root, warmup)
+    out: dict[str, dict[str, dict[str, tuple[float, float]]]] = {}
+    for arm, steps in runs.items():
+        off = runs.get(arm + OVERLAP)
+        if arm.endswith(OVERLAP) or not off:
+            continue
+        out[arm] = {}
+        for agent in [r["agent"] for r in steps[0]]:
+            row = {}
+            for key in SHIFT_KEYS:
+                values = [[float(r[key]) for r in recs if r["agent"] == agent and key in r] for recs in (*steps, *off)]
+                sync, overlapped = values[:len(steps)], values[len(steps):]
+                if all(sync) and all(overlapped):
+                    row[key] = (median([v[0] for v in sync]), median([v[0] for v in overlapped]))
+            out[arm][agent] = row
+    return out
+
+
+def format_shift(shift: Mapping[str, Mapping[str, Mapping[str, tuple[float, float]]]]) -> str:
+    """Markdown: each key's synchronous and one-step-off medians and their ratio, per arm and agent."""
+    keys = [k for k in SHIFT_KEYS if any(k in row for agents in shift.values() for row in agents.values())]
+    lines = ["| arm | agent | " + " | ".join(f"{k.removeprefix('time/')} s: sync → off (×)" for k in keys) + " |",
+             "|---|---|" + "---|" * len(keys)]
+    for arm, agents in shift.items():
+        for agent, row in agents.items():
+            cells = [f"{row[k][0]:.3f} → {row[k][1]:.3f} ({row[k][1] / row[k][0]:.2f}×)" if k in row and row[k][0]
+                     else "–" for k in keys]
+            lines.append(f"| {arm} | {agent} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def format_tables(checks: Mapping[str, Sequence[Mapping[str, float]]], overlap: Mapping[str, Sequence[float]],
                   cores: int) -> str:
     lines = ["| arm | steps | measured step s | costs only s | costs only / measured − 1 | collect s | dispatch s | "
@@ -137,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     print(format_tables(arm_checks(args.runs, args.warmup, args.cores), overlap_steps(args.runs, args.warmup),
                         args.cores))
+    shift = phase_shift(args.runs, args.warmup)
+    if shift:
+        print("\nWhere the time goes, synchronous against one step off (medians over the measured steps):\n")
+        print(format_shift(shift))
     return 0
 
 

@@ -402,7 +402,9 @@ class AgentGroup:
         Both phases start now: each scoring call takes the engines' results as Ray arguments, so it runs as soon as
         they exist (sleeping engines are put back to sleep first: the scoring call waits for that too) and the
         agents' phases overlap however the driver waits. The ``generate`` phase runs from the rendering to the engines'
-        outputs (read when the driver waits for them); the ranks' results bring their ``scoring``.
+        outputs (read when the driver waits for them); ``engine_generate`` is the slowest engine's own time in its
+        ``generate`` call (asked once the outputs are in: an actor runs one caller's calls in order, so no later
+        generation has run on it yet); the ranks' results bring their ``scoring``.
 
         With ``--own_old_logp behaviour`` (``auto`` in a one-step-off run at temperature 1) the engines also return
         their log-probs of the sampled tokens, which the driver attaches to the trajectories
@@ -441,7 +443,9 @@ class AgentGroup:
             if behaviour:
                 _attach_behaviour_logps(self.name, combined.trajectories, engine_shards, outputs,
                                         self.cfg.n_samples_per_prompt)
-            return replace(combined, timings={**combined.timings, **timer.seconds})
+            engine_s = self._call(engines, _engine_class(self.cfg.rollout_backend).last_generate_seconds,
+                                  [()] * len(engines), self._engine_role, max).result()
+            return replace(combined, timings={**combined.timings, **timer.seconds, "engine_generate": engine_s})
 
         return Pending(self, scoring.role, scoring.parts, combine, scoring.remote, scoring.method, after=generation,
                        workers=scoring.workers)

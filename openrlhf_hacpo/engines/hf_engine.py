@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,6 +112,7 @@ class HFEngine:
         # the policy's engine takes the size from the config too (a ZeRO-3 embedding has no local shape)
         self.engine.vocab_size = int(self.model.config.vocab_size)
         self.loaded_names = set(self.model.state_dict().keys())
+        self.last_generate_s = 0.0
 
     def ready(self) -> dict[str, Any]:
         """Where the engine runs: its pid, its cores and torch's thread count."""
@@ -121,8 +123,16 @@ class HFEngine:
         return list(self.engine.eos_token_ids)
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> list[GenerationOutput]:
-        """`sampling.n` responses per prompt, prompt-major (:meth:`HFGenerateEngine.generate`)."""
-        return self.engine.generate(prompt_token_ids, sampling)
+        """`sampling.n` responses per prompt, prompt-major (:meth:`HFGenerateEngine.generate`); timed
+        (:meth:`last_generate_seconds`)."""
+        started = time.perf_counter()
+        outputs = self.engine.generate(prompt_token_ids, sampling)
+        self.last_generate_s = time.perf_counter() - started
+        return outputs
+
+    def last_generate_seconds(self) -> float:
+        """How long the last :meth:`generate` call ran in this process (0.0 before the first)."""
+        return self.last_generate_s
 
     def update_weights(self, named_tensors: NamedTensors) -> int:
         """Object-store path: copy HF-named tensors into the model; returns how many were given.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -157,6 +158,7 @@ class VLLMEngine:
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        self.last_generate_s = 0.0
 
     # ------------------------------------------------------------------ generation
 
@@ -196,14 +198,22 @@ class VLLMEngine:
         else:
             params = [SamplingParams(**common, seed=derive_seed(sampling.seed, index)) for index in range(len(prompts))]
 
+        started = time.perf_counter()
         request_outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=prompt) for prompt in prompts], params, use_tqdm=False
         )
-        return [
+        outputs = [
             self._to_generation_output(prompt_index, completion)
             for prompt_index, request in enumerate(request_outputs)
             for completion in sorted(request.outputs, key=lambda completion: completion.index)
         ]
+        self.last_generate_s = time.perf_counter() - started
+        return outputs
+
+    def last_generate_seconds(self) -> float:
+        """How long the last :meth:`generate` call ran in this process, sampling and conversion (0.0 before the
+        first)."""
+        return self.last_generate_s
 
     def _to_generation_output(self, prompt_index: int, completion) -> GenerationOutput:
         if completion.finish_reason not in ("stop", "length"):

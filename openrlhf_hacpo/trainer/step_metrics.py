@@ -1,7 +1,10 @@
 """One metrics record per agent and step: what the step's phases measured, in the names ``metrics.jsonl`` uses.
 
 Times (seconds): ``time/generate`` and ``time/scoring`` (the agent's sampling and old-log-prob recompute, its
-slowest rank), ``time/rollout_rest`` (the rest of its policy actor's rollout call), ``time/view``,
+slowest rank), ``time/engine_generate`` (the slowest engine actor's own time in its ``generate`` call, where
+``time/generate``, timed by the driver, runs until the driver reads the outputs: after the updates in a
+``--one_step_off`` step; with the ``hf`` backend the policy's ``generate`` phase), ``time/rollout_rest`` (the rest
+of its policy actor's rollout call), ``time/view``,
 ``time/advantages``, ``time/reference``, ``time/probe`` and ``time/update`` (its learner's parts of the training
 phase, slowest rank), ``time/train_rest`` (the rest of the learner's call: planning, reductions, results),
 ``time/logprob`` (scoring + reference, kept for earlier reports), ``time/wait`` (how long the agent idled inside the
@@ -67,6 +70,7 @@ def agent_step_record(step: int, agent: int, agent_names: Sequence[str], summary
         **({"perf/pad_frac_scoring": 1.0 - rollout.scoring_tokens / rollout.scoring_positions}
            if rollout.scoring_positions else {}),
         **{f"time/{name}": seconds for name, seconds in sampler.items()},
+        "time/engine_generate": float(rollout.timings.get("engine_generate", sampler["generate"])),
         "time/reward": phases["reward"],
         "time/capability": phases["capability"],
         **{f"time/{name}": seconds for name, seconds in learner.items()},

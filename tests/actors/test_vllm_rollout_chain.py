@@ -46,10 +46,15 @@ def test_engines_sleep_before_any_rank_scores_and_each_rank_gets_its_prompts(ray
             self.slept_at: list[float] = []
 
         def generate(self, prompt_ids, sampling):
+            started = time.perf_counter()
             time.sleep(GENERATE_S)
+            self.generate_s = time.perf_counter() - started
             return [GenerationOutput(prompt_index=i, sample_index=s, response_token_ids=[ids[0]] * (s + 1),
                                      response_text="", finished=True, finish_reason="stop")
                     for i, ids in enumerate(prompt_ids) for s in range(sampling.n)]
+
+        def last_generate_seconds(self) -> float:
+            return self.generate_s
 
         def sleep(self, level: int = 1) -> None:
             time.sleep(SLEEP_S)
@@ -94,10 +99,13 @@ def test_engines_sleep_before_any_rank_scores_and_each_rank_gets_its_prompts(ray
 
     # 5 prompts x 2 samples of 1 and 2 tokens; the ranks score 3 and 2 prompts (scoring is the slowest rank's)
     assert result.generated_tokens == 5 * (1 + 2)
-    assert set(result.timings) == {"generate", "scoring"}
+    assert set(result.timings) == {"generate", "engine_generate", "scoring"}
     assert result.timings["scoring"] == pytest.approx(0.03)
     # an upper bound only: the machine may be loaded
     assert GENERATE_S <= result.timings["generate"] < GENERATE_S + 120
+    # the engines' own time in generate: the slowest engine's
+    engine_s = max(ray.get([e.last_generate_seconds.remote() for e in group.engines]))
+    assert result.timings["engine_generate"] == engine_s >= GENERATE_S
     sleeps = [t for e in group.engines for t in ray.get(e.sleeps.remote())]
     starts = [t for p in group.policies for t in ray.get(p.starts.remote())]
     assert len(sleeps) == 2 and len(starts) == 2

@@ -85,3 +85,18 @@ def test_tables_read_every_round_after_the_warmup_and_set_the_overlap_run_beside
     assert "| gspo |" in table.split("\n\n")[1] and "– | – | –" in table
     with pytest.raises(FileNotFoundError, match="no <arm>/round<r>/metrics.jsonl"):
         timeline_check.arm_checks(tmp_path / "none", warmup=1, cores=2)
+
+
+def test_the_phase_shift_sets_each_agents_medians_side_by_side(tmp_path):
+    # synchronous steps 2-4 measured 8, 9, 10 s; the one-step-off run's steps 2-4 (its last, 5, left out) 4, 5, 6 s
+    _write(tmp_path, "hacpo", 1, steps=(1, 2, 3, 4))
+    _write(tmp_path, "hacpo-overlap", 1, steps=(1, 2, 3, 4, 5), measured=lambda step: 2.0 + step,
+           train_phase=lambda step: 6.4)
+    _write(tmp_path, "gspo", 1, steps=(1, 2, 3))  # no one-step-off run: not in the table
+    shift = timeline_check.phase_shift(tmp_path, warmup=1)
+    assert list(shift) == ["hacpo"] and list(shift["hacpo"]) == ["a", "b"]
+    a = shift["hacpo"]["a"]
+    assert a["time/step"] == (9.0, 5.0) and a["time/train_phase"] == (3.2, 6.4) and a["time/update"] == (3.0, 3.0)
+    assert "time/engine_generate" not in a  # not in these records
+    table = timeline_check.format_shift(shift)
+    assert "| hacpo | a |" in table and "3.200 → 6.400 (2.00×)" in table and "engine_generate" not in table

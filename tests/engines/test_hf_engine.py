@@ -9,6 +9,7 @@ no-cache greedy loop and float64 teacher forcing (engine_fixtures).
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -70,7 +71,7 @@ def test_engine_generates_exactly_what_the_policy_generates(agent_folder):
     path, prompts = agent_folder
     policy = _policy_engine(path)
     engine = HFEngine(path, attn_implementation="sdpa", seed=3)
-    assert engine.eos_token_ids == policy.eos_token_ids
+    assert engine.eos_token_ids == policy.eos_token_ids and engine.last_generate_seconds() == 0.0
 
     greedy = SamplingConfig(n=1, greedy=True, max_new_tokens=12, return_logprobs=True)
     tokens, logprobs = _tokens_and_logprobs(engine.generate(prompts, greedy))
@@ -84,7 +85,9 @@ def test_engine_generates_exactly_what_the_policy_generates(agent_folder):
     # seeded sampling over more rows than one generate batch: the same cut into batches, the same stream
     sampled = SamplingConfig(n=24, temperature=1.0, max_new_tokens=10, seed=123)
     assert 3 * 24 > GENERATE_BATCH_ROWS
+    before = time.perf_counter()
     outputs = engine.generate(prompts, sampled)
+    assert 0 < engine.last_generate_seconds() <= time.perf_counter() - before  # the call's own time, this call's
     assert [o.response_token_ids for o in outputs] == [o.response_token_ids for o in policy.generate(prompts, sampled)]
     assert len({tuple(o.response_token_ids) for o in outputs}) > 3, "sampling gave (almost) one response"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 
 import pytest
 import torch
@@ -139,9 +140,13 @@ def test_both_weight_sync_paths_change_the_engine_output(engine_setup, models, p
 
 
 def test_outputs_follow_the_contract_and_seeds_reproduce(engine, models, prompts, tokenizer):
+    import ray
+
     _push(engine, models["A"])
     sampling = SamplingConfig(n=3, max_new_tokens=16, temperature=0.9, seed=21, return_logprobs=True)
+    before = time.perf_counter()
     outputs = _generate(engine, prompts, sampling)
+    assert 0 < ray.get(engine.last_generate_seconds.remote()) <= time.perf_counter() - before  # this call's own
     expected_order = [(p, s) for p in range(len(prompts)) for s in range(3)]
     assert [(o.prompt_index, o.sample_index) for o in outputs] == expected_order
     for out in outputs:

@@ -49,6 +49,9 @@ def test_engine_beside_the_policy_trains_as_the_policy_generating_itself(ray_clu
     compared = 0
     for want, got in zip(expected, actual):
         assert got["time/sync"] > 0 and want["time/sync"] == 0  # the engines did receive the weights
+        # the engine's own time in generate lies inside the driver's wait for it; the policy's is its generate phase
+        assert 0 < got["time/engine_generate"] <= got["time/generate"]
+        assert want["time/engine_generate"] == want["time/generate"]
         assert set(got) == set(want)
         for key, value in want.items():
             if key.startswith(_TIMING_PREFIXES) or not isinstance(value, (int, float)):

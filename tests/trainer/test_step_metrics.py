@@ -43,8 +43,19 @@ def test_rollout_phase_times_and_the_figures_made_from_them():
     assert (rec["time/sync"], rec["time/step"], rec["omega/b"], rec["loss"]) == (0.75, 31.0, 2.0, 0.1)
     # the keys keep their place in the record (metrics.jsonl column order)
     keys = list(rec)
-    assert keys[keys.index("perf/tokens_generated") + 1:][:4] == ["time/generate", "time/scoring", "time/rollout_rest",
-                                                                 "time/reward"]
+    assert keys[keys.index("perf/tokens_generated") + 1:][:5] == ["time/generate", "time/scoring", "time/rollout_rest",
+                                                                 "time/engine_generate", "time/reward"]
+
+
+def test_the_engines_own_generate_time_is_reported_apart_from_the_wait():
+    # engine actors: their own seconds in generate (inside the driver's generate phase), not a phase of the wait
+    timings = {"generate": 4.0, "engine_generate": 2.5, "scoring": 1.5}
+    rec = record(RolloutResult(trajectories=(), timings=timings, generated_tokens=1000))
+    assert (rec["time/generate"], rec["time/engine_generate"]) == (4.0, 2.5)
+    assert rec["time/wait"] == (10.0 - 5.5) + (20.0 - 16.0) and rec["rollout/tokens_per_s"] == 1000 / 4.0
+    # the policy generating itself (hf): its generate phase is the generating process's own time
+    rec = record(RolloutResult(trajectories=(), timings={"generate": 4.0, "scoring": 1.5}, generated_tokens=1000))
+    assert rec["time/engine_generate"] == 4.0
 
 
 def test_a_phase_the_rollout_did_not_time_counts_zero():
