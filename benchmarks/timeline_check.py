@@ -127,12 +127,17 @@ def phase_shift(root: Path, warmup: int) -> dict[str, dict[str, dict[str, tuple[
         for agent in [r["agent"] for r in steps[0]]:
             row = {}
             for key in SHIFT_KEYS:
-                values = [[float(r[key]) for r in recs if r["agent"] == agent and key in r] for recs in (*steps, *off)]
-                sync, overlapped = values[:len(steps)], values[len(steps):]
-                if all(sync) and all(overlapped):
-                    row[key] = (median([v[0] for v in sync]), median([v[0] for v in overlapped]))
+                sync, overlapped = _values(steps, agent, key), _values(off, agent, key)
+                if sync and overlapped:
+                    row[key] = (median(sync), median(overlapped))
             out[arm][agent] = row
     return out
+
+
+def _values(steps: Sequence[Sequence[Mapping[str, Any]]], agent: str, key: str) -> list[float] | None:
+    """``key`` of ``agent``'s record in every step; None when a step's record lacks it."""
+    values = [float(r[key]) for recs in steps for r in recs if r["agent"] == agent and key in r]
+    return values if len(values) == len(steps) else None
 
 
 def format_shift(shift: Mapping[str, Mapping[str, Mapping[str, tuple[float, float]]]]) -> str:

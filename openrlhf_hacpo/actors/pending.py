@@ -75,7 +75,8 @@ class AgentPhaseTimeout(TimeoutError):
 
 # worker method -> phase named in error messages
 _PHASES = {"setup": "setup", "get_master_addr_port": "setup",
-           "set_reference": "setup", "rollout": "generate", "generate": "generate", "score_engine_outputs": "score",
+           "set_reference": "setup", "rollout": "generate", "generate": "generate",
+           "last_generate_seconds": "generate", "score_engine_outputs": "score",
            "render": "prompt rendering", "render_prompts": "prompt rendering",
            "render_prompt_texts": "prompt rendering", "train_step": "update",
            "train_own_rows_first": "update", "train_finish": "update",

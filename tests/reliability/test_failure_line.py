@@ -90,3 +90,10 @@ def test_rays_death_message_gives_the_reason_and_the_address():
     assert died.detail == "The actor is dead because its worker process has died."  # the first sentence
     unknown = death_error(_group(), WorkerRef("policy"), RayActorError("zz", message), "save")
     assert (unknown.rank, unknown.node) == (None, "10.0.0.2")  # not a worker of this group: the message's address
+
+
+def test_the_engines_timing_call_belongs_to_the_generate_phase():
+    from openrlhf_hacpo.actors.pending import phase_of
+
+    # asked right after the outputs: an engine that dies there is reported as dying during generate
+    assert phase_of("last_generate_seconds") == phase_of("generate") == "generate"
