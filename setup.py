@@ -24,6 +24,7 @@ install_requires = [
     "pyarrow>=15",
     "matplotlib>=3.8",
     "safetensors>=0.4",
+    "filelock>=3.12",
     # LoRA agents (--lora_rank); its requirements (accelerate, safetensors, huggingface_hub, ...) are already here
     "peft>=0.21",
 ]

