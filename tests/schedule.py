@@ -13,7 +13,9 @@ processes (``pytest -n 0`` of the file, without and with two ``python3 -c "while
 other); last, it runs while the other workers finish their last small files or have none.
 
 ``COST_S`` holds the heaviest files' seconds: each file's total time (setup, call and teardown of its tests) in the
-JUnit report of one two-worker run of the e2e tier (``--dist loadfile``) on a 2-core machine, rounded. Refresh it from
+JUnit report of one two-worker run of the e2e tier (``--dist loadfile``) on a 2-core machine, rounded: a run on a
+fresh ``.venv`` and cache, as CI's (SmolLM2 converted, the small mode's qwenS built, vLLM's model information read
+for the first time), and ``tests/trainer/test_vllm_backend.py`` from the run after its trim. Refresh it from
 the report of ``bash tests/run.sh --tier e2e --junitxml=FILE`` when files grow or shrink; a stale figure costs wall
 time only, and ``tests/test_schedule.py`` fails when a listed file no longer exists.
 """
@@ -22,23 +24,24 @@ from __future__ import annotations
 import pytest
 
 COST_S: dict[str, float] = {
-    "tests/trainer/test_vllm_backend.py": 245,
-    "tests/multinode/test_two_node_runs.py": 196,
-    "tests/reproduce/test_small_pipeline.py": 170,
-    "tests/reproduce/test_real_weights.py": 161,
-    "tests/zoo/test_zoo_shipped.py": 118,
-    "tests/trainer/test_one_step_off.py": 117,
-    "tests/engines/test_lora_sync.py": 73,
-    "tests/gpu_stack/test_gpu_train_check.py": 69,
-    "tests/trainer/test_kernel_backends.py": 61,
-    "tests/trainer/test_ray_training.py": 59,
-    "tests/reliability/test_shutdown.py": 57,
-    "tests/engines/test_vllm_engine.py": 55,
-    "tests/reliability/test_two_node_failures.py": 45,
-    "tests/test_tiny_main.py": 42,
-    "tests/benchmarks/test_throughput.py": 37,
-    "tests/actors/test_vllm_rollout_chain.py": 37,
-    "tests/trainer/test_hf_engine_backend.py": 36,
+    "tests/multinode/test_two_node_runs.py": 217,
+    "tests/reproduce/test_small_pipeline.py": 184,
+    "tests/zoo/test_zoo_shipped.py": 151,
+    "tests/trainer/test_one_step_off.py": 95,
+    "tests/trainer/test_vllm_backend.py": 69,
+    "tests/trainer/test_ray_training.py": 64,
+    "tests/engines/test_vllm_engine.py": 59,
+    "tests/gpu_stack/test_gpu_train_check.py": 59,
+    "tests/trainer/test_hf_engine_backend.py": 52,
+    "tests/reliability/test_shutdown.py": 50,
+    "tests/reproduce/test_real_weights.py": 46,
+    "tests/test_tiny_main.py": 43,
+    "tests/trainer/test_kernel_backends.py": 42,
+    "tests/reliability/test_two_node_failures.py": 35,
+    "tests/trainer/test_lora_run.py": 35,
+    "tests/benchmarks/test_throughput.py": 34,
+    "tests/actors/test_vllm_rollout_chain.py": 29,
+    "tests/engines/test_lora_sync.py": 25,
 }
 
 
