@@ -140,7 +140,7 @@ def test_two_heterogeneous_agents_train_together_and_resume_exactly(ray_cluster,
     # -- resume: 4 steps straight == 2 steps, then a resumed run from the step-2 checkpoint for 2 more steps
     # (evaluation samples under its own seeds, so it leaves the training's random state alone). The resumed run
     # loads the checkpoint the actors wrote into policies in this process (--no_ray): a checkpoint does not depend
-    # on where its policies ran (resumes on actors: test_one_step_off.py, test_vllm_backend.py, tests/multinode)
+    # on where its policies ran (resumes on actors: test_one_step_off.py, tests/multinode)
     resumed = tmp_path / "resumed"
     shutil.copytree(out / "checkpoints" / "global_step2", resumed / "checkpoints" / "global_step2")
     (resumed / "checkpoints" / "latest").write_text("global_step2\n")
