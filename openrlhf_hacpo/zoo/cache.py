@@ -12,6 +12,8 @@ changed spec maps to a new folder and is built afresh; an unchanged spec reuses 
 source checkout, else ``~/.cache/openrlhf_hacpo/zoo``. Builds happen in a temporary sibling folder that is renamed
 into place when complete (:func:`openrlhf_hacpo.utils.atomic.atomic_dir`), so a killed build never leaves a
 half-written agent behind; temporary folders of killed builds are removed by a later build once a day old.
+Processes that ask for the same missing agent at once build it once: the others wait on a lock file beside the
+folder (``.<name>-<hash>.lock``) and take the first one's build.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from pathlib import Path
 import tokenizers
 import torch
 import transformers
+from filelock import FileLock
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from openrlhf_hacpo.data.arithmetic import TaskConfig, make_splits
@@ -172,15 +175,19 @@ def build_agent(
     force: bool = False,
     task: TaskConfig = TaskConfig(),
 ) -> Path:
-    """The folder of ``spec``'s agent, building it first when missing, incomplete or ``force``d."""
+    """The folder of ``spec``'s agent, building it first when missing, incomplete or ``force``d. Processes that ask
+    for a missing agent at once build it once: the others wait on a lock file beside the folder, then take it."""
     final = agent_dir(spec, cache_dir, task)
     if not force and is_built(final, spec, task):
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_builds(final.parent, final.name)
     log = (lambda msg: print(f"[zoo] {spec.name}: {msg}", file=sys.stderr, flush=True)) if progress else None
-    with _torch_threads(threads), atomic_dir(final) as tmp:
-        _build_into(tmp, spec, task, log)
+    with FileLock(str(final.parent / f".{final.name}.lock")):
+        if not force and is_built(final, spec, task):  # built by the process that held the lock
+            return final
+        _remove_stale_builds(final.parent, final.name)
+        with _torch_threads(threads), atomic_dir(final) as tmp:
+            _build_into(tmp, spec, task, log)
     if log:
         log(f"saved to {final}")
     return final

@@ -73,7 +73,7 @@ def test_interrupted_build_leaves_nothing(tmp_path, monkeypatch, make_tiny_spec)
     spec = make_tiny_spec("llamaS", steps=2)
     with pytest.raises(KeyboardInterrupt):
         build_agent(spec, tmp_path, progress=False)
-    assert list(tmp_path.iterdir()) == []
+    assert [p.name for p in tmp_path.iterdir()] == [f".{spec.name}-{spec_hash(spec)}.lock"]  # the lock file only
 
 
 @pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
@@ -90,7 +90,7 @@ def test_incomplete_folder_and_dead_temp_dirs_are_replaced(tmp_path, make_tiny_s
     assert not is_built(final, spec)
     assert build_agent(spec, tmp_path, progress=False) == final
     assert is_built(final, spec)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([final.name, recent.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([final.name, recent.name, f".{final.name}.lock"])
 
 
 @pytest.mark.integration  # builds and warm-starts zoo agents (seconds each)
@@ -102,6 +102,28 @@ def test_force_rebuilds(tmp_path, make_tiny_spec):
     assert (path / "zoo_meta.json").stat().st_mtime_ns != first[1]
     with open(path / "zoo_meta.json") as f:
         assert json.load(f)["spec_hash"] == spec_hash(spec)
+
+
+def test_callers_at_once_build_once_and_force_builds_again(tmp_path, monkeypatch, make_tiny_spec):
+    """Three callers ask for a missing agent at once (threads stand in for processes: each takes the lock file with
+    its own descriptor); the build is a slow stand-in that writes what ``is_built`` reads. One build, and every
+    caller gets its folder; ``force`` builds again under the same lock."""
+    spec = make_tiny_spec("llamaS", steps=2)
+    builds: list[str] = []
+
+    def slow_build(out, spec, task, log):
+        builds.append(out.name)
+        time.sleep(0.3)  # long enough for every other caller to reach the lock meanwhile
+        (out / cache_mod.META_FILE).write_text(json.dumps({"spec_hash": spec_hash(spec, task)}))
+
+    monkeypatch.setattr(cache_mod, "_build_into", slow_build)
+    with ThreadPoolExecutor(3) as pool:
+        folders = list(pool.map(lambda _: build_agent(spec, tmp_path, progress=False), range(3)))
+    final = tmp_path / f"{spec.name}-{spec_hash(spec)}"
+    assert len(builds) == 1 and folders == [final] * 3 and is_built(final, spec)
+    assert build_agent(spec, tmp_path, progress=False) == final and len(builds) == 1  # cached
+    assert build_agent(spec, tmp_path, progress=False, force=True) == final and len(builds) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([final.name, f".{final.name}.lock"])
 
 
 def test_default_cache_dir(monkeypatch, tmp_path):
@@ -141,6 +163,6 @@ def test_parallel_build_dispatch(tmp_path, monkeypatch, make_tiny_spec):
     paths = build_zoo(specs, tmp_path, progress=False, jobs=2)
     assert sorted(submitted) == ["qwenM-early", "qwenS"], "cached agents are not rebuilt"
     assert all(is_built(paths[s.name], s) for s in specs)
-    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".") and not n.endswith(".lock")]  # no temp folder
     with pytest.raises(ValueError, match="jobs"):
         build_zoo(specs, tmp_path, progress=False, jobs=0)
