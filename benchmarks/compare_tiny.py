@@ -4,6 +4,7 @@
     python benchmarks/compare_tiny.py --arms main --jobs 2             # HACPO, GSPO, GSPO x2, Naive only
     python benchmarks/compare_tiny.py --arms hacpo,gspo --seeds 0 --steps 20   # a quick end-to-end check
     python benchmarks/compare_tiny.py --report_only                    # tables from the runs already on disk
+    python benchmarks/compare_tiny.py --regime paper --arms main --seeds 0,1,2,3,4,5,6,7,8,9   # the paper's regime
 
 Every arm is one run of ``python -m openrlhf_hacpo.cli.tiny run`` (so of the normal ``train_hacpo`` command) with
 the preset's RL settings; runs with the same seed see the same prompt batches, so arms are compared paired by seed.
@@ -16,7 +17,10 @@ Arms (G = the preset's group size, 8):
 * ``hacpo``: every agent trains on its own G and every other agent's G rollouts per prompt;
 * ``gspo``: every agent alone on its own G rollouts (the same rollouts per agent as HACPO);
 * ``gspo2x``: every agent alone with 2G rollouts per prompt (twice HACPO's own rollouts);
-* ``naive``: shared rollouts, plain joint-mean advantages, own-rollout clip on every row;
+* ``naive-paper``: the paper's naive sharing read literally: shared rollouts, plain joint-mean advantages, no ω, no
+  α, no window, so a foreign row enters as s·A (docs/algorithm.md, "Two naives");
+* ``naive-gated``: shared rollouts, plain joint-mean advantages, GSPO's own-rollout clip on every row, which on foreign
+  rows keeps successes with s < 1 and drops failures (a success-gated transfer; the arm called ``naive`` before);
 * ablations: ``no-adv`` (plain joint-mean baseline), ``no-omega`` (no ω on foreign objectives), ``alpha0`` /
   ``alpha2`` / ``alpha3`` (exponent of the exponential importance sampling; α = 1 is ``hacpo``), ``no-clip`` (no
   clamp of foreign ratios); ``hacpo-m2`` / ``no-stepwise`` with two optimizer updates per step (own rows, then
@@ -33,6 +37,18 @@ Arms (G = the preset's group size, 8):
 * ``lora`` (``--arms lora``, not part of ``all``): HACPO with a LoRA adapter on both agents instead of
   full-parameter training (:data:`LORA_RANK`, :data:`LORA_ALPHA`, :data:`LORA_LR`); ``benchmarks/compare_tiny_lora.py``
   runs it and puts it beside the committed full-parameter HACPO seeds.
+
+``--regime paper`` runs every arm as the paper's code trains (mini-batches of 64 rows: GSPO 2 optimizer updates per
+step, HACPO, the naives and GSPO ×2 4; :data:`openrlhf_hacpo.zoo.presets.REGIMES`); its runs go to
+``<preset>-<steps>steps-paper`` and its report to ``tiny_<preset>_paper.*``. The two-update arms ``hacpo-m2`` and
+``no-stepwise`` belong to the single-update regime; in the paper's regime ``no-stepwise`` is compared with ``hacpo``.
+
+Every run records the commit of the code that ran it (and whether the checkout had uncommitted changes); the report
+refuses runs of different commits (or of a changed checkout) in one table unless ``--allow_mixed_commits``, and then
+names each arm's commits. The evidence section gives, per agent and comparison, the paired differences by seed with
+their 95% t-interval and exact sign-flip p-value (:mod:`openrlhf_hacpo.zoo.evidence`), Holm's correction over the
+primary comparisons (:data:`PRIMARY_COMPARISONS`), the area under each validation curve and how many runs ended below
+their start.
 
 Per arm and agent it reports the final test accuracy (mean of the last two periodic evaluations; mean ± sample std
 over seeds), rollouts generated, wall time, tokens/s, seconds per phase, and the foreign-ratio statistics logged
@@ -64,7 +80,9 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from openrlhf_hacpo.utils.atomic import atomic_write_json
-from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS, get_preset
+from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS, REGIMES, get_preset, get_regime
+from openrlhf_hacpo.zoo import evidence
+from openrlhf_hacpo.zoo.presets import DEFAULT_REGIME
 from openrlhf_hacpo.zoo.job import default_runs_dir
 from openrlhf_hacpo.zoo.shipped import agent_folders, agent_records
 from openrlhf_hacpo.zoo.reports import (
@@ -115,8 +133,11 @@ class Arm:
     def group_size(self, preset) -> int:
         return preset.rl.group_size * self.group_factor
 
-    def trainer_flags(self, preset) -> list[str]:
+    def trainer_flags(self, preset, regime: str = DEFAULT_REGIME) -> list[str]:
         flags = list(self.extra)
+        if self.updates_per_step > 1 and get_regime(regime).rows_per_update is not None:
+            raise ValueError(f"arm {self.name} sets its own updates per step; it belongs to the {DEFAULT_REGIME} "
+                             f"regime, not {regime!r}")
         if self.updates_per_step > 1:
             from openrlhf_hacpo.algorithms import HACPOConfig
 
@@ -134,7 +155,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("hacpo", "HACPO", "hacpo"),
     Arm("gspo", "GSPO (same rollouts)", "gspo"),
     Arm("gspo2x", "GSPO ×2 (2G rollouts)", "gspo", group_factor=2),
-    Arm("naive", "Naive sharing", "naive"),
+    Arm("naive-paper", "Naive (paper: s·A on foreign rows)", "naive-paper"),
+    Arm("naive-gated", "Naive, success-gated (GSPO clip on foreign rows)", "naive-gated"),
     Arm("no-adv", "HACPO −Adv (plain joint baseline)", "hacpo-no-adv", kind="ablation", reference="hacpo"),
     Arm("no-omega", "HACPO −ω", "hacpo-no-omega", kind="ablation", reference="hacpo"),
     Arm("alpha0", "HACPO α=0", "hacpo", kind="ablation", reference="hacpo", extra=("--alpha", "0")),
@@ -171,8 +193,11 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("hacpo-overlap-recompute", "HACPO, one step off (recomputed old log-probs)", "hacpo", kind="overlap",
         reference="hacpo", extra=("--rollout_backend", "hf_engine", "--one_step_off", "--own_old_logp", "recompute")),
 )}
-MAIN_COMPARISONS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive"))
+MAIN_COMPARISONS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive-paper"), ("hacpo", "naive-gated"))
 """(arm, baseline) pairs of the headline comparison."""
+PRIMARY_COMPARISONS = (("hacpo", "gspo2x"), ("hacpo", "naive-paper"), ("hacpo", "naive-gated"))
+"""The pre-registered primary comparisons: for every agent, HACPO − each of these; Holm's correction runs over all
+of them (agents × comparisons)."""
 GROUPS = {"main": [a for a in ARMS if ARMS[a].kind == "main"],
           "ablations": [a for a in ARMS if ARMS[a].kind == "ablation"],
           "levers": [a for a in ARMS if ARMS[a].kind == "lever"]}
@@ -190,21 +215,22 @@ def run_dir(root: Path, arm: Arm, seed: int) -> Path:
     return root / arm.name / f"seed{seed}"
 
 
-def run_command(arm: Arm, preset, seed: int, steps: int, output: Path, rebuild: bool = False) -> list[str]:
+def run_command(arm: Arm, preset, seed: int, steps: int, output: Path, rebuild: bool = False,
+                regime: str = DEFAULT_REGIME) -> list[str]:
     """The main-job command of one arm and seed."""
     cmd = [sys.executable, "-m", "openrlhf_hacpo.cli.tiny", "run", "--preset", preset.name,
-           "--algorithm", arm.algorithm, "--n_samples_per_prompt", str(arm.group_size(preset)),
+           "--algorithm", arm.algorithm, "--regime", regime, "--n_samples_per_prompt", str(arm.group_size(preset)),
            "--steps", str(steps), "--seed", str(seed), "--output", str(output), "--no_progress_bar"]
     if rebuild:
         cmd.append("--rebuild")
-    flags = arm.trainer_flags(preset)
+    flags = arm.trainer_flags(preset, regime)
     return cmd + (["--", *flags] if flags else [])
 
 
-def arm_settings(arm: Arm, preset) -> dict[str, Any]:
+def arm_settings(arm: Arm, preset, regime: str = DEFAULT_REGIME) -> dict[str, Any]:
     """What a run of ``arm`` records in its summary, and the main job matches against the report's arms."""
-    return {"algorithm": arm.algorithm, "n_samples_per_prompt": arm.group_size(preset),
-            "extra_args": arm.trainer_flags(preset)}
+    return {"algorithm": arm.algorithm, "regime": regime, "n_samples_per_prompt": arm.group_size(preset),
+            "extra_args": arm.trainer_flags(preset, regime)}
 
 
 def run_fingerprints(summary: Mapping[str, Any]) -> dict[str, str | None]:
@@ -214,15 +240,16 @@ def run_fingerprints(summary: Mapping[str, Any]) -> dict[str, str | None]:
 
 
 def finished(arm: Arm, preset, seed: int, steps: int, output: Path,
-             fingerprints: Mapping[str, str] | None = None) -> bool:
+             fingerprints: Mapping[str, str] | None = None, regime: str = DEFAULT_REGIME) -> bool:
     """True when ``output`` holds the summary of exactly this arm, seed and step count (and, when ``fingerprints``
     is given, of exactly these agents)."""
     summary = load_summary(output)
     if summary is None:
         return False
     run = summary["run"]
-    wanted = {"preset": preset.name, "seed": seed, "steps": steps, **arm_settings(arm, preset)}
-    differs = {k: (run.get(k), v) for k, v in wanted.items() if run.get(k) != v}
+    wanted = {"preset": preset.name, "seed": seed, "steps": steps, **arm_settings(arm, preset, regime)}
+    ran = {**run, "regime": run.get("regime", DEFAULT_REGIME)}  # runs made before regimes were single-update
+    differs = {k: (ran.get(k), v) for k, v in wanted.items() if ran.get(k) != v}
     if differs:
         raise ValueError(f"{output} holds a run with other settings {differs}; remove it or use another --runs_dir")
     if fingerprints is not None:
@@ -234,10 +261,11 @@ def finished(arm: Arm, preset, seed: int, steps: int, output: Path,
 
 
 def run_all(jobs: Sequence[tuple[Arm, int]], preset, steps: int, root: Path, lanes: int,
-            fingerprints: Mapping[str, str] | None = None, rebuild: bool = False) -> list[str]:
+            fingerprints: Mapping[str, str] | None = None, rebuild: bool = False,
+            regime: str = DEFAULT_REGIME) -> list[str]:
     """Run the missing (arm, seed) jobs on ``lanes`` parallel lanes; returns the failures."""
     todo = [(arm, seed) for arm, seed in jobs
-            if not finished(arm, preset, seed, steps, run_dir(root, arm, seed), fingerprints)]
+            if not finished(arm, preset, seed, steps, run_dir(root, arm, seed), fingerprints, regime)]
     skipped = len(jobs) - len(todo)
     if skipped:
         _log(f"{skipped} run(s) already done, {len(todo)} to go")
@@ -249,7 +277,7 @@ def run_all(jobs: Sequence[tuple[Arm, int]], preset, steps: int, root: Path, lan
         arm, seed = job
         out = run_dir(root, arm, seed)
         out.parent.mkdir(parents=True, exist_ok=True)
-        cmd = run_command(arm, preset, seed, steps, out, rebuild)
+        cmd = run_command(arm, preset, seed, steps, out, rebuild, regime)
         with lock:
             _log(f"start {arm.name} seed {seed} ({next(counter)}/{len(todo)}): {shlex.join(cmd[1:])}")
         t0 = time.perf_counter()
@@ -284,7 +312,8 @@ def goal_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     mean difference only) or "no"."""
     checks = []
     for subject in GOAL_SUBJECTS:
-        for other, relation in (("gspo", "above"), ("gspo2x", "level"), ("naive", "above")):
+        for other, relation in (("gspo", "above"), ("gspo2x", "level"), ("naive-paper", "above"),
+                                ("naive-gated", "above")):
             if subject not in results or other not in results:
                 continue
             for name, d in paired_differences(results[subject], results[other]).items():
@@ -374,7 +403,7 @@ def ratio_probes(root: Path, preset, found: Mapping[str, Mapping[int, Any]], sta
     cache_path = root / "ratio_probe.json"
     cache = json.loads(cache_path.read_text(encoding="utf-8")) if cache_path.is_file() else {}
     targets = {"start (warm-started agents)": dict(start)}
-    for arm in ("hacpo", "naive"):
+    for arm in ("hacpo", "naive-paper", "naive-gated"):
         if 0 in found.get(arm, {}):
             folder = run_dir(root, ARMS[arm], 0) / "hf"
             targets[f"end of {ARMS[arm].label}, seed 0"] = {n: folder / n for n in preset.agent_names}
@@ -409,6 +438,48 @@ def _agents_line(meta: Mapping[str, Any]) -> str:
     return "Agents (weights sha256): " + ", ".join(parts) + "."
 
 
+def _commits_line(report: Mapping[str, Any]) -> str:
+    """Which commit the runs ran at; with mixed commits, each arm's (marked)."""
+    labels = report["meta"].get("commits")
+    if not labels:
+        return "Commit: not recorded (runs made before runs recorded their commit)."
+    if len(labels) == 1 and not report["meta"].get("mixed_commits"):
+        return f"Every run at commit `{labels[0]}`."
+    return ("**Mixed commits** (merged with `--allow_mixed_commits`): " + "; ".join(
+        f"{ARMS[name].label}: " + ", ".join(f"`{c}` seeds {seeds}" for c, seeds in r.get("commits", {}).items())
+        for name, r in report["arms"].items()) + ".")
+
+
+def _evidence_lines(report: Mapping[str, Any], agents: Sequence[str]) -> list[str]:
+    """The statistics section: paired differences with intervals and p-values, Holm, curve areas, runs below start."""
+    ev = report.get("evidence")
+    if not ev:
+        return []
+    lines = ["", "## Paired comparisons: intervals and exact tests", "",
+             "Per agent: the mean of the per-seed differences of final accuracy, its 95% t-interval, the seeds with a "
+             "positive difference, the exact two-sided sign-flip p-value (all 2^n sign patterns) and, for the "
+             "primary comparisons (" + ", ".join(f"`{k}`" for k in ev["primary"]) + ", for every agent), Holm's "
+             "adjusted p over that family.", "",
+             "| comparison | agent | n | mean [95% CI] | > 0 | p (sign flip) | p (Holm) |", "|---|---|---|---|---|---|---|"]
+    for key, per_agent in ev["comparisons"].items():
+        a, b = key.split(" - ")
+        for agent in agents:
+            d = per_agent[agent]
+            ci = (f" [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]" if d["ci_low"] is not None else "")
+            holm = fmt(d.get("p_holm")) if "p_holm" in d else "–"
+            lines.append(f"| {ARMS[a].label} − {ARMS[b].label} | {agent} | {d['n']} | {fmt(d['mean'], signed=True)}{ci} "
+                         f"| {d['positive']}/{d['n']} | {fmt(d['p_sign_flip'])} | {holm} |")
+    lines += ["", "Area under the validation curve (mean accuracy over training, trapezoids between evaluations; mean ± "
+              "std over seeds) and the runs whose final accuracy ended below their accuracy before training:", "",
+              "| arm | " + " | ".join(f"{a} AUC | {a} below start" for a in agents) + " |",
+              "|---|" + "---|---|" * len(agents)]
+    for arm, per_agent in ev["curves"].items():
+        lines.append(f"| {ARMS[arm].label} | " + " | ".join(
+            f"{fmt_pm(per_agent[a]['auc_mean'], per_agent[a]['auc_std'])} | {per_agent[a]['below_start']}/"
+            f"{per_agent[a]['runs']}" for a in agents) + " |")
+    return lines
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     res = report["arms"]
     meta = report["meta"]
@@ -422,9 +493,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         f"torch {meta['versions'].get('torch')}, transformers {meta['versions'].get('transformers')}, "
         f"deepspeed {meta['versions'].get('deepspeed')}, ray {meta['versions'].get('ray')}.  ",
         _agents_line(meta) + "  ",
-        f"{meta['steps']} steps × {meta['prompts_per_step']} prompts, lr 3e-4 (10-step warmup), T = 1, one optimizer "
-        "update per step unless stated. **Final** = mean of the greedy test accuracies (400 L4 problems) at the last "
-        "two evaluations (every 10 steps); mean ± sample std over seeds. Arms with the same seed see the same prompts.",
+        f"{meta['steps']} steps × {meta['prompts_per_step']} prompts, T = 1, regime `{meta.get('regime', DEFAULT_REGIME)}`: "
+        f"{meta.get('regime_description') or get_regime(DEFAULT_REGIME).description} (10-step warmup). "
+        "**Final** = mean of the greedy test accuracies (400 L4 problems) at the last "
+        "two evaluations (every 10 steps); mean ± sample std over seeds. Arms with the same seed see the same prompts.  ",
+        _commits_line(report),
         "",
         "## Final test accuracy",
         "",
@@ -446,7 +519,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     pairs_to_show = [p for p in MAIN_COMPARISONS if p[0] in res and p[1] in res]
     pairs_to_show += [(subject, other) for subject in GOAL_SUBJECTS[1:] for _, other in MAIN_COMPARISONS
                       if subject in res and other in res]
-    pairs_to_show += [(n, ARMS[n].reference) for n in res if ARMS[n].reference in res]
+    regime = meta.get("regime", DEFAULT_REGIME)
+    pairs_to_show += [(n, reference_of(ARMS[n], regime)) for n in res if reference_of(ARMS[n], regime) in res]
     for name, ref in pairs_to_show:
         pairs = paired_differences(res[name], res[ref])
         cells = []
@@ -455,6 +529,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             cells.append("–" if d is None or d["mean"] is None else
                          f"{fmt_pm(d['mean'], d['std'], signed=True)} ({d['positive']}/{len(d['diffs'])} seeds > 0)")
         lines.append(f"| {ARMS[name].label} − {ARMS[ref].label} | " + " | ".join(cells) + " |")
+
+    lines += _evidence_lines(report, agents)
 
     if report["goals"]:
         lines += ["", "## Goals of the defaults", "", "| agent | goal | paired mean difference | seeds > 0 | met |",
@@ -482,9 +558,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                          + (" / ".join(fmt(f.get(k)) for k in ("pos_in_window_frac", "pos_below_window_frac",
                                                               "pos_above_window_frac"))
                             if f.get("pos_in_window_frac") is not None else "–") + " |")
-    if "naive" in res:
-        lines += ["", "Naive sharing applies the own-rollout clip [1 − 3e-4, 1 + 4e-4] to every row, so its window columns "
-                  "count foreign rollouts inside / below / above that clip; only its mean s compares with HACPO's."]
+    if "naive-gated" in res:
+        lines += ["", "The success-gated naive applies the own-rollout clip [1 − 3e-4, 1 + 4e-4] to every row, so its "
+                  "window columns count foreign rollouts inside / below / above that clip; only its mean s compares "
+                  "with HACPO's. The paper's naive has no window: its columns count HACPO's window [0.8, 1], which "
+                  "it does not apply."]
     if not any_median:
         lines += ["", "The trainer logs the mean of s and the fractions below / inside / above the window, not the "
                   "median, so the median column is empty; the ratio probe below measures the median."]
@@ -505,7 +583,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     lines += ["", "## Throughput (mean seconds per step; the agents of a run work concurrently)", "",
               "| arm | agent | step s | generate s | log-prob s | update s | samples trained / s | tokens generated / s |",
               "|---|---|---|---|---|---|---|---|"]
-    for name in ("hacpo", "gspo", "gspo2x", "naive"):
+    for name in ("hacpo", "gspo", "gspo2x", "naive-paper", "naive-gated"):
         if name not in res:
             continue
         for a in agents:
@@ -561,20 +639,33 @@ def render_plot(report: Mapping[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def collect(root: Path, preset, steps: int, fingerprints: Mapping[str, str] | None = None
-            ) -> dict[str, dict[int, Any]]:
+def runs_in_regime(arm: Arm, regime: str) -> bool:
+    """Whether ``arm`` can run in ``regime`` (arms with updates of their own belong to the single-update regime)."""
+    return arm.updates_per_step == 1 or get_regime(regime).rows_per_update is None
+
+
+def reference_of(arm: Arm, regime: str) -> str | None:
+    """The arm ``arm`` is compared with: in a regime of several updates per step, ``no-stepwise`` against ``hacpo``
+    (``hacpo-m2``, its single-update-regime reference, does not run there)."""
+    if arm.reference is not None and not runs_in_regime(ARMS[arm.reference], regime):
+        return "hacpo"
+    return arm.reference
+
+
+def collect(root: Path, preset, steps: int, fingerprints: Mapping[str, str] | None = None,
+            regime: str = DEFAULT_REGIME) -> dict[str, dict[int, Any]]:
     """Every finished run under ``root`` for the known arms, ``{arm: {seed: summary}}`` (runs of other agents than
     ``fingerprints`` are refused)."""
     found: dict[str, dict[int, Any]] = {}
     for name, arm in ARMS.items():
         folder = root / name
-        if not folder.is_dir():
+        if not folder.is_dir() or not runs_in_regime(arm, regime):
             continue
         for sub in sorted(folder.iterdir()):
             if not (sub.is_dir() and sub.name.startswith("seed") and sub.name[4:].isdigit()):
                 continue
             seed = int(sub.name[4:])
-            if finished(arm, preset, seed, steps, sub, fingerprints):
+            if finished(arm, preset, seed, steps, sub, fingerprints, regime):
                 found.setdefault(name, {})[seed] = _with_current_foreign_stats(load_summary(sub), sub)
     return found
 
@@ -594,16 +685,80 @@ def _with_current_foreign_stats(summary: dict[str, Any], run_dir: Path) -> dict[
     return summary
 
 
+def run_commits(found: Mapping[str, Mapping[int, Any]]) -> dict[str, dict[str, list[int]]]:
+    """``{arm: {commit label: [seeds]}}`` of the runs found; a label is the commit's first 12 hex digits, with
+    ``+changes`` for a checkout that differed from it, or ``unknown`` for runs that recorded none."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for name, runs in found.items():
+        for seed, summary in sorted(runs.items()):
+            run = summary["run"]
+            label = (run.get("commit") or "unknown")[:12] + ("+changes" if run.get("dirty") else "")
+            out.setdefault(name, {}).setdefault(label, []).append(seed)
+    return out
+
+
+def check_commits(commits: Mapping[str, Mapping[str, list[int]]], allow_mixed: bool) -> list[str]:
+    """The distinct commit labels of the runs; raises ``ValueError`` naming each arm's commits when there is more than
+    one, or a changed checkout or an unknown commit among them, unless ``allow_mixed``."""
+    labels = sorted({label for per_arm in commits.values() for label in per_arm})
+    clean = len(labels) == 1 and not labels[0].endswith("+changes") and labels[0] != "unknown"
+    if not clean and not allow_mixed:
+        detail = "; ".join(f"{arm}: " + ", ".join(f"{label} (seeds {seeds})" for label, seeds in per.items())
+                           for arm, per in commits.items())
+        raise ValueError(f"the runs are not all of one committed checkout ({detail}); rerun them at one commit "
+                         "(a worktree pinned to it) or pass --allow_mixed_commits to report them marked")
+    return labels
+
+
+def evidence_report(found: Mapping[str, Mapping[int, Any]], agents: Sequence[str], regime: str) -> dict[str, Any]:
+    """The statistics of the comparisons (module docstring): paired summaries per agent for the main comparisons and
+    the ablations, Holm over the primary ones, each arm's area under the validation curve and runs below start."""
+    finals = {arm: {seed: s["agents"] for seed, s in runs.items()} for arm, runs in found.items()}
+    pairs = [p for p in MAIN_COMPARISONS if p[0] in found and p[1] in found]
+    pairs += [(n, reference_of(ARMS[n], regime)) for n in found
+              if reference_of(ARMS[n], regime) in found and ARMS[n].kind == "ablation"]
+    comparisons: dict[str, dict[str, Any]] = {}
+    for a, b in pairs:
+        key = f"{a} - {b}"
+        comparisons[key] = {}
+        for agent in agents:
+            seeds = sorted(set(finals[a]) & set(finals[b]))
+            diffs = [finals[a][s][agent]["acc_final"] - finals[b][s][agent]["acc_final"] for s in seeds]
+            comparisons[key][agent] = {"seeds": seeds, "diffs": diffs, **evidence.paired_summary(diffs)}
+    family = {f"{agent} | {a} - {b}": comparisons[f"{a} - {b}"][agent]["p_sign_flip"]
+              for a, b in PRIMARY_COMPARISONS if f"{a} - {b}" in comparisons for agent in agents
+              if comparisons[f"{a} - {b}"][agent]["p_sign_flip"] is not None}
+    for label, p_holm in evidence.holm(family).items():
+        agent, key = label.split(" | ")
+        comparisons[key][agent]["p_holm"] = p_holm
+    curves: dict[str, dict[str, Any]] = {}
+    for arm, runs in found.items():
+        curves[arm] = {}
+        for agent in agents:
+            aucs = [evidence.curve_auc(s["agents"][agent]["validation"]) for s in runs.values()]
+            below = [seed for seed, s in runs.items() if s["agents"][agent]["acc_final"] < s["agents"][agent]["acc_before"]]
+            summary = evidence.paired_summary(aucs)  # the mean and interval of the areas (not a difference)
+            curves[arm][agent] = {"auc_by_seed": dict(zip(map(str, runs), aucs)), "auc_mean": summary["mean"],
+                                  "auc_std": summary["std"], "below_start": len(below), "below_start_seeds": below,
+                                  "runs": len(runs)}
+    return {"primary": [f"{a} - {b}" for a, b in PRIMARY_COMPARISONS], "comparisons": comparisons,
+            "curves": curves}
+
+
 def build_report(root: Path, preset, steps: int, command: str, lanes: int,
-                 folders: Mapping[str, Path]) -> dict[str, Any] | None:
+                 folders: Mapping[str, Path], regime: str = DEFAULT_REGIME,
+                 allow_mixed_commits: bool = False) -> dict[str, Any] | None:
     """Aggregate the runs under ``root`` of the agents in ``folders`` (None when no run has finished)."""
     records = agent_records(folders)
     fingerprints = {name: r["fingerprint"] for name, r in records.items()}
-    found = collect(root, preset, steps, fingerprints)
+    found = collect(root, preset, steps, fingerprints, regime)
     if not found:
         _log(f"no finished runs under {root}")
         return None
-    arms = {name: {"settings": arm_settings(ARMS[name], preset), **aggregate_arm(found[name])}
+    commits = run_commits(found)
+    labels = check_commits(commits, allow_mixed_commits)
+    arms = {name: {"settings": arm_settings(ARMS[name], preset, regime), **aggregate_arm(found[name]),
+                   "commits": commits[name]}
             for name in ARMS if name in found}
     any_run = next(iter(next(iter(found.values())).values()))["run"]
     history = root / COMMANDS_FILE
@@ -618,12 +773,15 @@ def build_report(root: Path, preset, steps: int, command: str, lanes: int,
             "date": datetime.date.today().isoformat(), "cpu_count": any_run.get("cpu_count"),
             "machine": platform.machine(), "omp_num_threads": any_run.get("omp_num_threads"), "lanes": lanes,
             "versions": any_run.get("versions", {}), "runs_dir": str(root),
+            "regime": regime, "regime_description": get_regime(regime).description,
+            "commits": labels, "mixed_commits": len(labels) > 1,
         },
+        "evidence": evidence_report(found, list(preset.agent_names), regime),
         "arms": arms,
         "goals": goal_checks(arms),
         "ratio_probe": ratio_probes(root, preset, found, folders),
         "paired": {f"{a} - {b}": paired_differences(arms[a], arms[b])
-                   for a, b in [*MAIN_COMPARISONS, *((n, ARMS[n].reference) for n in ARMS)]
+                   for a, b in [*MAIN_COMPARISONS, *((n, reference_of(ARMS[n], regime)) for n in ARMS)]
                    if a in arms and b in arms},
     }
     return report
@@ -740,6 +898,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS))
+    parser.add_argument("--regime", default=DEFAULT_REGIME, choices=sorted(REGIMES),
+                        help="; ".join(f"{r.name}: {r.description}" for r in REGIMES.values()))
+    parser.add_argument("--allow_mixed_commits", action="store_true",
+                        help="report runs of different commits (or of a checkout with changes) together, marked")
     parser.add_argument("--arms", default="all",
                         help="arms or groups (main, ablations, levers, all = main + ablations), comma-separated")
     parser.add_argument("--seeds", default=None, help="seeds for every selected arm [main arms 0,1,2; ablations 0,1]")
@@ -756,6 +918,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         arms = parse_arms(args.arms)
+        named = {t.strip() for t in args.arms.split(",")}
+        refused = [a for a in arms if not runs_in_regime(ARMS[a], args.regime)]
+        if any(a in named for a in refused):  # named arms are refused; a group's are left out
+            raise ValueError(f"arm(s) {[a for a in refused if a in named]} set their own updates per step and run "
+                             f"only in the {DEFAULT_REGIME} regime")
+        arms = [a for a in arms if a not in refused]
         seeds = parse_seeds(args.seeds) if args.seeds else None
         if args.jobs < 1:
             raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
@@ -765,9 +933,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     preset = get_preset(args.preset)
     steps = args.steps or preset.rl.num_steps
+    regime_tag = "" if args.regime == DEFAULT_REGIME else f"-{args.regime}"
     root = args.runs_dir or (default_runs_dir() / "compare_tiny"
-                             / f"{preset.name}-{steps}steps{'-rebuilt' if args.rebuild else ''}")
+                             / f"{preset.name}-{steps}steps{regime_tag}{'-rebuilt' if args.rebuild else ''}")
     stem = f"tiny_{preset.name}" if steps == preset.rl.num_steps else f"tiny_{preset.name}_{steps}steps"
+    stem += regime_tag.replace("-", "_")
     command = "python benchmarks/compare_tiny.py " + shlex.join(sys.argv[1:] if argv is None else list(argv))
 
     # the committed <stem>.{json,md,png} are replaced only when every run succeeded; otherwise the report of the runs
@@ -785,9 +955,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             for seed in sorted({s for ss in arm_seeds.values() for s in ss}):
                 jobs += [(ARMS[a], seed) for a in arms if seed in arm_seeds[a]]
             t0 = time.perf_counter()
-            failures = run_all(jobs, preset, steps, root, args.jobs, fingerprints, args.rebuild)
+            failures = run_all(jobs, preset, steps, root, args.jobs, fingerprints, args.rebuild, args.regime)
             _log(f"runs finished in {time.perf_counter() - t0:.0f} s")
-        report = build_report(root, preset, steps, command.strip(), args.jobs, folders)
+        try:
+            report = build_report(root, preset, steps, command.strip(), args.jobs, folders, args.regime,
+                                  args.allow_mixed_commits)
+        except ValueError as err:
+            _log(str(err))
+            out.fail(str(err))
+            return 2
         markdown = render_markdown(report) if report is not None else None
         if failures:
             _log("failed runs: " + "; ".join(failures))

@@ -53,7 +53,7 @@ Metrics (0-d tensors, no device sync; :data:`METRIC_NAMES`, each averaged with t
 ``foreign_clip_frac_lower`` / ``foreign_clip_frac_upper`` / ``foreign_in_window_frac`` (foreign units with
 ``s < lo`` / ``s > hi`` / inside ``[lo, hi]``), ``own_ratio_mean`` / ``foreign_ratio_mean`` (mean ``s``), and the row
 counts ``num_own`` / ``num_foreign``; ``foreign_pos_*`` the same window fractions among foreign units with
-``A > 0``; ``pg_loss`` and ``kl`` (the two terms of the loss). A unit is a non-empty sequence (sequence level) or a
+``A > 0`` and ``foreign_neg_*`` among those with ``A < 0``; ``pg_loss`` and ``kl`` (the two terms of the loss). A unit is a non-empty sequence (sequence level) or a
 valid token (token level).
 """
 from __future__ import annotations
@@ -119,12 +119,15 @@ STATS = (
     "fpos_units",      # foreign units with A > 0
     "fpos_below",
     "fpos_above",
+    "fneg_units",      # foreign units with A < 0
+    "fneg_below",
+    "fneg_above",
 )
 """The per-program partial sums, in storage order: the Triton kernel stores ``S_<NAME>`` offsets, the twin stacks a
 dict in this order, and :data:`_RATIO_METRICS` reads them by name."""
 (S_LOSS, S_ROWS, S_TOKENS, S_OWN_UNITS, S_OWN_BELOW, S_OWN_ABOVE, S_OWN_RATIO, S_FOREIGN_UNITS, S_FOREIGN_BELOW,
  S_FOREIGN_ABOVE, S_FOREIGN_RATIO, S_OWN_ROWS, S_FOREIGN_ROWS, S_KL, S_OWN_TOKENS, S_FPOS_UNITS, S_FPOS_BELOW,
- S_FPOS_ABOVE) = (tl.constexpr(i) if HAS_TRITON else i for i in range(len(STATS)))
+ S_FPOS_ABOVE, S_FNEG_UNITS, S_FNEG_BELOW, S_FNEG_ABOVE) = (tl.constexpr(i) if HAS_TRITON else i for i in range(len(STATS)))
 NUM_STATS = len(STATS)
 _STAT_INDEX = {name: i for i, name in enumerate(STATS)}
 
@@ -138,6 +141,9 @@ _RATIO_METRICS = {
     "foreign_pos_clip_frac_lower": ({"fpos_below": 1}, "fpos_units"),
     "foreign_pos_clip_frac_upper": ({"fpos_above": 1}, "fpos_units"),
     "foreign_pos_in_window_frac": ({"fpos_units": 1, "fpos_below": -1, "fpos_above": -1}, "fpos_units"),
+    "foreign_neg_clip_frac_lower": ({"fneg_below": 1}, "fneg_units"),
+    "foreign_neg_clip_frac_upper": ({"fneg_above": 1}, "fneg_units"),
+    "foreign_neg_in_window_frac": ({"fneg_units": 1, "fneg_below": -1, "fneg_above": -1}, "fneg_units"),
     "own_ratio_mean": ({"own_ratio": 1}, "own_units"),
     "foreign_ratio_mean": ({"foreign_ratio": 1}, "foreign_units"),
     "num_own": ({"own_rows": 1}, None),
@@ -158,6 +164,9 @@ METRIC_WEIGHTS = {
     "foreign_pos_clip_frac_lower": "fpos_units",
     "foreign_pos_clip_frac_upper": "fpos_units",
     "foreign_pos_in_window_frac": "fpos_units",
+    "foreign_neg_clip_frac_lower": "fneg_units",
+    "foreign_neg_clip_frac_upper": "fneg_units",
+    "foreign_neg_in_window_frac": "fneg_units",
     "own_ratio_mean": "own_rows",
     "foreign_ratio_mean": "foreign_rows",
 }
@@ -538,6 +547,7 @@ def _hacpo_fwd_kernel(
     else:
         kl_part = kl_acc
     positive = adv > 0.0
+    negative = adv < 0.0
 
     tl.store(obj_ptr + rows64, obj, mask=row_ok)
     tl.store(rowg_ptr + rows64, rowg, mask=row_ok)
@@ -560,6 +570,9 @@ def _hacpo_fwd_kernel(
     tl.store(base + S_FPOS_UNITS, tl.sum(tl.where(positive, for_units, 0.0), axis=0))
     tl.store(base + S_FPOS_BELOW, tl.sum(tl.where(positive, for_below, 0.0), axis=0))
     tl.store(base + S_FPOS_ABOVE, tl.sum(tl.where(positive, for_above, 0.0), axis=0))
+    tl.store(base + S_FNEG_UNITS, tl.sum(tl.where(negative, for_units, 0.0), axis=0))
+    tl.store(base + S_FNEG_BELOW, tl.sum(tl.where(negative, for_below, 0.0), axis=0))
+    tl.store(base + S_FNEG_ABOVE, tl.sum(tl.where(negative, for_above, 0.0), axis=0))
 
 
 @triton.jit
@@ -782,13 +795,13 @@ def _hacpo_loss_torch(logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, 
         obj = unit_obj.sum(dim=-1) / safe_count
         loss_sum = unit_obj.sum() if p.token_mean else obj.sum()
         own_u, for_u = valid & own[:, None], valid & ~own[:, None]
-        positive = (adv > 0)[:, None]
+        positive, negative = (adv > 0)[:, None], (adv < 0)[:, None]
         ratio = None
     else:
         obj = torch.where(nonempty, unit_obj, torch.zeros_like(unit_obj))
         loss_sum = (obj * count).sum() if p.token_mean else obj.sum()
         own_u, for_u = nonempty & own, nonempty & ~own
-        positive = adv > 0
+        positive, negative = adv > 0, adv < 0
         ratio = torch.where(nonempty, s.detach(), torch.zeros_like(s))
     # low-variance KL (k3) to the reference policy on own tokens, clamped like verl's low_var_kl
     kl_sum = zero
@@ -799,7 +812,7 @@ def _hacpo_loss_torch(logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, 
         k3 = torch.where(own_tok, k3, zero).sum(dim=-1)
         kl_sum = k3.sum() if p.token_mean else (k3 / safe_count).sum()
     sd = s.detach()
-    fpos = for_u & positive
+    fpos, fneg = for_u & positive, for_u & negative
 
     def total(x: torch.Tensor) -> torch.Tensor:
         return x.sum().to(cdt)
@@ -823,6 +836,9 @@ def _hacpo_loss_torch(logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, 
         "fpos_units": total(fpos),
         "fpos_below": total(fpos & (sd < lo)),
         "fpos_above": total(fpos & (sd > hi)),
+        "fneg_units": total(fneg),
+        "fneg_below": total(fneg & (sd < lo)),
+        "fneg_above": total(fneg & (sd > hi)),
     }
     stats = torch.stack([values[name] for name in STATS])
     denom, kl_denom = _denominators(stats, p, totals)

@@ -36,12 +36,16 @@ PRESETS = (
     "gspo",
     "grpo",
     "naive",
+    "naive-paper",
+    "naive-gated",
     "hacpo-no-adv",
     "hacpo-no-omega",
     "hacpo-no-clip",
     "hacpo-no-stepwise",
 )
-"""Named configurations: the four algorithms and the paper's ablations (Table 2, Table 3, Figure 4)."""
+"""Named configurations: the four algorithms, the two readings of the paper's Naive baseline and the paper's ablations
+(Table 2, Table 3, Figure 4). ``naive`` is the older name of ``naive-gated`` (kept so saved configs and commands
+load)."""
 
 CAPABILITY_METRICS = ("positive_rate", "mean_reward")
 ADVANTAGE_SCOPES = ("joint", "own")
@@ -308,7 +312,14 @@ class HACPOConfig:
 
         * ``hacpo``: all four mechanisms, code defaults.
         * ``gspo`` / ``grpo``: single agent, advantage over the learner's own G responses.
-        * ``naive``: shared rollouts, plain joint-mean advantage, self-type GSPO clip on every row.
+        * ``naive-paper``: the paper's naive sharing read literally (docs/algorithm.md, "Two naives"): shared
+          rollouts, plain joint-mean advantage, no ω, no exponential IS (α = 0), no foreign window, so a foreign row
+          enters as s·A with s its plain sequence importance ratio; own rows keep GSPO's clip. It is the ``hacpo``
+          loss with those four mechanisms off.
+        * ``naive-gated`` (older name ``naive``): shared rollouts, plain joint-mean advantage, GSPO's own-row clip
+          [1 − ε_low, 1 + ε_high] on every row. Applied to a foreign row whose ratio is rarely inside that narrow
+          range, the clip keeps the gradient of successes with s < 1 and drops failures with s < 1 − ε_low: a
+          success-gated transfer (``naive`` loss family).
         * ``hacpo-no-adv``: plain joint-mean baseline (Table 2). ``hacpo-no-omega``: no ω^(j,k) on foreign
           objectives, ω kept in the baseline (Table 3). ``hacpo-no-clip``: no foreign clamp (Figure 4).
           ``hacpo-no-stepwise``: fixed foreign bound 1 − δ (Figure 4).
@@ -316,12 +327,15 @@ class HACPOConfig:
         ``loss_overrides`` are applied to the :class:`PolicyLossConfig` (e.g. ``alpha=3.0``).
         """
         check_choice("HACPOConfig.preset.name", name, PRESETS)
-        algorithm = name.split("-", 1)[0]
+        algorithm = {"naive-paper": "hacpo", "naive-gated": "naive"}.get(name, name.split("-", 1)[0])
         advantage = AdvantageConfig()
         loss_values: dict[str, Any] = {}
         if algorithm in ("gspo", "grpo"):
             advantage = AdvantageConfig(scope="own")
-        elif name in ("naive", "hacpo-no-adv"):
+        elif name == "naive-paper":
+            advantage = AdvantageConfig(capability_weighting=False)
+            loss_values.update(capability_coef=False, alpha=0.0, cross_clip=False)
+        elif name in ("naive", "naive-gated", "hacpo-no-adv"):
             advantage = AdvantageConfig(capability_weighting=False)
         elif name == "hacpo-no-omega":
             loss_values["capability_coef"] = False

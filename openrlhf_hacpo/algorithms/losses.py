@@ -185,6 +185,13 @@ def check_policy_input(inp: PolicyLossInput) -> None:
 # the table
 
 
+PER_UPDATE_METRICS = tuple(name for name in METRIC_WEIGHTS if "clip_frac" in name or "in_window" in name)
+"""Clip and window fractions that a loss also reports per optimizer update m of the step, as
+``update<m>/<name>``: the share of own rows clipped (below / above GSPO's range) and of foreign rows below, inside and
+above the window (all, A > 0 and A < 0 apart), so a step with several mini-batch updates shows how the own ratio
+leaves 1 and the stepwise bound tightens from one update to the next."""
+
+
 @dataclass(frozen=True)
 class PolicyLoss:
     """One row of the policy-loss table: the kernel switches that make a named loss.
@@ -262,6 +269,9 @@ class PolicyLoss:
                                                               params.stepwise)
         weights = {name: counts[unit] for name, unit in METRIC_WEIGHTS.items()}
         weights.update(objective_mean=counts["rows"], cross_lower_bound=counts["rows"])
+        for name in PER_UPDATE_METRICS:  # the same fractions per optimizer update m of the step
+            key = f"update{params.update_index}/{name}"
+            metrics[key], weights[key] = metrics[name], weights[name]
         return PolicyLossOutput(loss=out.loss, objectives=out.objectives, metrics=metrics, ratios=out.ratios,
                                 weights=weights)
 

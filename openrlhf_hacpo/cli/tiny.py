@@ -50,7 +50,8 @@ def _cmd_prepare(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace, extra: Sequence[str]) -> int:
     from openrlhf_hacpo.zoo.job import MainJobConfig, run_main_job
 
-    cfg = MainJobConfig(preset=args.preset, algorithm=args.algorithm, n_samples_per_prompt=args.n_samples_per_prompt,
+    cfg = MainJobConfig(preset=args.preset, algorithm=args.algorithm, regime=args.regime,
+                        n_samples_per_prompt=args.n_samples_per_prompt,
                         steps=args.steps, seed=args.seed, eval_steps=args.eval_steps, output=args.output,
                         cache_dir=args.cache_dir, data_dir=args.data_dir, rebuild=args.rebuild, build_jobs=args.jobs,
                         extra_args=tuple(extra), progress=not args.no_progress_bar)
@@ -92,7 +93,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS
+    from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS, REGIMES
+    from openrlhf_hacpo.zoo.presets import DEFAULT_REGIME
 
     parser = argparse.ArgumentParser(
         prog="python -m openrlhf_hacpo.cli.tiny",
@@ -116,14 +118,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", parents=[common], help="the main job: evaluate, train together, evaluate again")
     p.add_argument("--algorithm", default="hacpo", choices=ALGORITHMS,
-                   help="hacpo; gspo / grpo (each agent alone); naive (shared rollouts, plain advantages); "
-                   "or a HACPO ablation")
+                   help="hacpo; gspo / grpo (each agent alone); naive-paper (shared rollouts, plain advantages, "
+                   "foreign rows weighted by their plain importance ratio); naive-gated (shared rollouts, plain "
+                   "advantages, GSPO's own-row clip on foreign rows too); or a HACPO ablation")
+    p.add_argument("--regime", default=DEFAULT_REGIME, choices=sorted(REGIMES),
+                   help="; ".join(f"{r.name}: {r.description}" for r in REGIMES.values()))
     p.add_argument("--n_samples_per_prompt", type=int, default=None, help="G per agent [preset: 8]")
     p.add_argument("--steps", type=int, default=None, help="training steps [preset: 80]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval_steps", type=int, default=None, help="evaluate every N steps [preset: 10]")
     p.add_argument("--output", type=Path, default=None,
-                   help="run folder [<repo>/runs/tiny-<preset>-<algorithm>-s<seed>]")
+                   help="run folder [<repo>/runs/tiny-<preset>-<algorithm>-s<seed>[-<regime>]]")
     p.add_argument("--data_dir", "--data-dir", type=Path, default=None, help="where train/eval jsonl go")
     p.add_argument("--no_progress_bar", action="store_true")
 

@@ -43,7 +43,7 @@ from openrlhf_hacpo.engines.node_plan import PLACEMENT_FILE
 from openrlhf_hacpo.utils.atomic import atomic_write_json, atomic_write_text
 from openrlhf_hacpo.zoo.cache import default_cache_dir
 from openrlhf_hacpo.zoo.evaluate import evaluate_accuracy
-from openrlhf_hacpo.zoo.presets import Preset, RLHyperparams, get_preset
+from openrlhf_hacpo.zoo.presets import DEFAULT_REGIME, REGIMES, Preset, RLHyperparams, get_preset, get_regime
 from openrlhf_hacpo.zoo.reference import compare_with_reference, load_reference, reference_path
 from openrlhf_hacpo.zoo.shipped import agent_folders, agent_records
 from openrlhf_hacpo.zoo.reports import (
@@ -103,8 +103,26 @@ def default_runs_dir() -> Path:
     return root / "runs" if root is not None else Path("runs")
 
 
-def default_output(preset: str, algorithm: str, seed: int) -> Path:
-    return default_runs_dir() / f"tiny-{preset}-{algorithm}-s{seed}"
+def default_output(preset: str, algorithm: str, seed: int, regime: str = DEFAULT_REGIME) -> Path:
+    suffix = "" if regime == DEFAULT_REGIME else f"-{regime}"
+    return default_runs_dir() / f"tiny-{preset}-{algorithm}-s{seed}{suffix}"
+
+
+def source_commit() -> dict[str, Any]:
+    """The commit of the code that runs (``git rev-parse HEAD`` of the source checkout) and whether tracked files
+    differ from it (``dirty``); ``{"commit": None}`` outside a git checkout. Reports refuse to put runs of different
+    commits into one table (``benchmarks/compare_tiny.py``)."""
+    root = _repo_root()
+    if root is None or not (root / ".git").exists():
+        return {"commit": None, "dirty": None}
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": head, "dirty": bool(status.strip())}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,10 +131,14 @@ class MainJobConfig:
 
     * ``preset``: a zoo preset name (``model``, ``size``, ``state``, ``three``) or a
       :class:`~openrlhf_hacpo.zoo.Preset` (custom agents, e.g. in tests).
-    * ``algorithm``: a trainer algorithm preset (``hacpo``, ``gspo``, ``grpo``, ``naive``, ``hacpo-no-adv``, ...).
+    * ``algorithm``: a trainer algorithm preset (``hacpo``, ``gspo``, ``grpo``, ``naive-paper``, ``naive-gated``,
+      ``hacpo-no-adv``, ...).
+    * ``regime``: how each step splits into optimizer updates, and the learning rate (:data:`~openrlhf_hacpo.zoo.
+      presets.REGIMES`: ``single-update``, the default, or ``paper``).
     * ``n_samples_per_prompt`` (G), ``steps``, ``eval_steps``: overrides of the preset's group size, number of
       steps and evaluation period.
-    * ``output``: run folder (default ``<runs>/tiny-<preset>-<algorithm>-s<seed>``).
+    * ``output``: run folder (default ``<runs>/tiny-<preset>-<algorithm>-s<seed>``, ``-<regime>`` appended for a
+      regime other than the default).
     * ``cache_dir``: zoo folder (default :func:`openrlhf_hacpo.zoo.default_cache_dir`); ``data_dir``: where the task
       jsonl files go (default: a ``tiny_data/<hash>`` folder next to the zoo folder).
     * ``rebuild``: train agents built on this machine from their recipes (built into ``cache_dir`` on first use)
@@ -129,6 +151,7 @@ class MainJobConfig:
 
     preset: str | Preset = "model"
     algorithm: str = "hacpo"
+    regime: str = DEFAULT_REGIME
     n_samples_per_prompt: int | None = None
     steps: int | None = None
     seed: int = 0
@@ -151,6 +174,8 @@ class MainJobConfig:
         object.__setattr__(self, "preset", preset)
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"MainJobConfig.algorithm must be one of {list(ALGORITHMS)}, got {self.algorithm!r}")
+        if self.regime not in REGIMES:
+            raise ValueError(f"MainJobConfig.regime must be one of {sorted(REGIMES)}, got {self.regime!r}")
         for name in ("n_samples_per_prompt", "steps", "eval_steps"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -168,14 +193,14 @@ class MainJobConfig:
         if owned:
             raise ValueError(
                 f"MainJobConfig.extra_args: {', '.join(owned)} are set by the main job; use its own options "
-                "(--preset, --algorithm, --n_samples_per_prompt, --steps, --seed, --eval_steps, --output)")
+                "(--preset, --algorithm, --regime, --n_samples_per_prompt, --steps, --seed, --eval_steps, --output)")
         object.__setattr__(self, "extra_args", extra)
         for name in ("output", "cache_dir", "data_dir", "results_dir"):
             value = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, Path(value).expanduser())
         if self.output is None:
-            object.__setattr__(self, "output", default_output(preset.name, self.algorithm, self.seed))
+            object.__setattr__(self, "output", default_output(preset.name, self.algorithm, self.seed, self.regime))
 
     @property
     def group_size(self) -> int:
@@ -198,6 +223,11 @@ class MainJobConfig:
         """Rows in one learner's batch per step: its own rollouts, or every agent's for hacpo / naive."""
         sources = len(self.preset.agents) if self.trains_on_foreign else 1
         return sources * self.preset.rl.prompts_per_step * self.group_size
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer updates per learner and step under the job's regime."""
+        return get_regime(self.regime).updates_per_step(self.rows_per_learner)
 
 
 # ---------------------------------------------------------------------------------------------------------- data
@@ -243,7 +273,8 @@ def export_task_data(rl: RLHyperparams, data_dir: Path | None = None, cache_dir:
 def trainer_argv(cfg: MainJobConfig, agent_paths: Mapping[str, Path], data: Mapping[str, Path]) -> list[str]:
     """The ``train_hacpo`` command-line flags of the main job (``cfg.extra_args`` last, so they win)."""
     rl = cfg.preset.rl
-    rows = cfg.rows_per_learner
+    regime = get_regime(cfg.regime)
+    rows = regime.rows_per_mini_batch(cfg.rows_per_learner)
     argv: list[str] = []
     for name, path in agent_paths.items():
         argv += ["--agent", f"name={name},pretrain={path}"]
@@ -256,10 +287,11 @@ def trainer_argv(cfg: MainJobConfig, agent_paths: Mapping[str, Path], data: Mapp
         "--temperature", str(rl.temperature), "--top_p", "1.0", "--top_k", "-1",
         "--reward_fn", "arithmetic", "--reward_num_workers", "0",
         "--algorithm", cfg.algorithm, "--init_kl_coef", "0",
-        # one optimizer update per step on the learner's whole batch, as for every arm of the comparison
+        # the regime's mini-batch (single-update: the learner's whole batch, one optimizer update per step);
+        # the warm-up counts optimizer updates, so warmup_steps steps are warmup_steps x updates per step
         "--train_batch_size", str(rows), "--micro_train_batch_size", str(math.gcd(rows, 64)),
-        "--actor_learning_rate", str(rl.lr), "--lr_scheduler", "constant_with_warmup",
-        "--lr_warmup_steps", str(rl.warmup_steps), "--adam_betas", str(rl.adam_betas[0]), str(rl.adam_betas[1]),
+        "--actor_learning_rate", str(regime.learning_rate(rl)), "--lr_scheduler", "constant_with_warmup",
+        "--lr_warmup_steps", str(rl.warmup_steps * cfg.updates_per_step), "--adam_betas", str(rl.adam_betas[0]), str(rl.adam_betas[1]),
         "--l2", "0", "--max_norm", str(rl.grad_clip),
         "--max_steps", str(cfg.num_steps), "--seed", str(cfg.seed),
         "--eval_data", str(data["eval"]), "--eval_steps", str(cfg.eval_period), "--eval_before_training",
@@ -343,7 +375,8 @@ def run_main_job(cfg: MainJobConfig, started: float | None = None) -> dict[str, 
     preset, rl = cfg.preset, cfg.preset.rl
     output = cfg.output.resolve()
     prepare_output(output)
-    settings = {"preset": preset.name, "algorithm": cfg.algorithm, "seed": cfg.seed, "steps": cfg.num_steps,
+    settings = {"preset": preset.name, "algorithm": cfg.algorithm, "regime": cfg.regime, "seed": cfg.seed,
+                "steps": cfg.num_steps, "updates_per_step": cfg.updates_per_step, **source_commit(),
                 "n_samples_per_prompt": cfg.group_size, "eval_steps": cfg.eval_period,
                 "extra_args": list(cfg.extra_args), "agents": list(preset.agent_names), "rebuild": cfg.rebuild}
     atomic_write_json(output / MARKER_FILE, settings)
@@ -400,7 +433,7 @@ def run_main_job(cfg: MainJobConfig, started: float | None = None) -> dict[str, 
                             rollouts_per_step=rl.prompts_per_step * cfg.group_size)
     if (output / PLACEMENT_FILE).is_file():  # where the trainer's workers landed (per agent, role and rank)
         summary["placement"] = json.loads((output / PLACEMENT_FILE).read_text())
-    ref_path = reference_path(preset.name, cfg.num_steps, rl.num_steps, cfg.results_dir)
+    ref_path = reference_path(preset.name, cfg.num_steps, rl.num_steps, cfg.results_dir, cfg.regime)
     reference, reason = load_reference(ref_path)
     summary["reference"] = compare_with_reference(summary, reference, reason,
                                                   source=ref_path.name if ref_path is not None else None)

@@ -25,6 +25,8 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from openrlhf_hacpo.zoo.presets import DEFAULT_REGIME
+
 __all__ = [
     "REFERENCE_LEVEL",
     "compare_with_reference",
@@ -102,14 +104,17 @@ def default_results_dir() -> Path | None:
     return folder if (repo / "setup.py").is_file() and folder.is_dir() else None
 
 
-def reference_path(preset: str, steps: int, default_steps: int, results_dir: str | os.PathLike | None = None
-                   ) -> Path | None:
-    """``tiny_<preset>.json`` (``tiny_<preset>_<steps>steps.json`` when ``steps`` is not the preset's default) in
-    ``results_dir`` (default :func:`default_results_dir`); ``None`` without a results folder."""
+def reference_path(preset: str, steps: int, default_steps: int, results_dir: str | os.PathLike | None = None,
+                   regime: str = DEFAULT_REGIME) -> Path | None:
+    """``tiny_<preset>.json`` (``tiny_<preset>_<steps>steps.json`` when ``steps`` is not the preset's default;
+    ``_<regime>`` appended for a regime other than the default) in ``results_dir`` (default
+    :func:`default_results_dir`); ``None`` without a results folder."""
     folder = Path(results_dir) if results_dir is not None else default_results_dir()
     if folder is None:
         return None
     stem = f"tiny_{preset}" if steps == default_steps else f"tiny_{preset}_{steps}steps"
+    if regime != DEFAULT_REGIME:
+        stem += f"_{regime}"
     return folder / f"{stem}.json"
 
 
@@ -128,11 +133,12 @@ def load_reference(path: Path | None) -> tuple[dict[str, Any] | None, str | None
 
 # ---------------------------------------------------------------------------------------------------------- comparison
 def _find_arm(reference: Mapping[str, Any], run: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]] | None:
-    wanted = {"algorithm": run.get("algorithm"), "n_samples_per_prompt": run.get("n_samples_per_prompt"),
-              "extra_args": list(run.get("extra_args") or [])}
+    wanted = {"algorithm": run.get("algorithm"), "regime": run.get("regime", DEFAULT_REGIME),
+              "n_samples_per_prompt": run.get("n_samples_per_prompt"), "extra_args": list(run.get("extra_args") or [])}
     for name, arm in reference.get("arms", {}).items():
         settings = arm.get("settings")
-        if settings and all(settings.get(k) == v for k, v in wanted.items()):
+        # references made before regimes existed are single-update
+        if settings and all({"regime": DEFAULT_REGIME, **settings}.get(k) == v for k, v in wanted.items()):
             return name, arm
     return None
 

@@ -143,8 +143,8 @@ def test_paper_variant_capability_settings_are_valid():
 
 
 def test_presets():
-    assert set(PRESETS) == {"hacpo", "gspo", "grpo", "naive", "hacpo-no-adv", "hacpo-no-omega", "hacpo-no-clip",
-                            "hacpo-no-stepwise"}
+    assert set(PRESETS) == {"hacpo", "gspo", "grpo", "naive", "naive-paper", "naive-gated", "hacpo-no-adv",
+                            "hacpo-no-omega", "hacpo-no-clip", "hacpo-no-stepwise"}
     full = HACPOConfig.preset("hacpo")
     assert full == HACPOConfig()
     assert full.trains_on_foreign and full.loss_name == "hacpo"
@@ -153,8 +153,14 @@ def test_presets():
     assert gspo.algorithm == "gspo" and gspo.advantage.scope == "own" and not gspo.trains_on_foreign
     grpo = HACPOConfig.preset("grpo")
     assert (grpo.loss.eps_low, grpo.loss.eps_high, grpo.loss.ratio_level) == (0.2, 0.28, "token")
+    base_loss = HACPOConfig.preset("hacpo").loss
     naive = HACPOConfig.preset("naive")
     assert naive.algorithm == "naive" and not naive.advantage.capability_weighting and naive.trains_on_foreign
+    assert HACPOConfig.preset("naive-gated") == naive  # "naive" is the older name of the success-gated reading
+    paper = HACPOConfig.preset("naive-paper")  # HACPO with -Adv, -omega, alpha = 0 and no foreign window
+    assert paper.algorithm == "hacpo" and paper.trains_on_foreign and not paper.advantage.capability_weighting
+    assert (paper.loss.capability_coef, paper.loss.alpha, paper.loss.cross_clip) == (False, 0.0, False)
+    assert dataclasses.replace(paper.loss, capability_coef=True, alpha=1.0, cross_clip=True) == base_loss
 
     # each ablation switches exactly one mechanism off
     base = HACPOConfig.preset("hacpo")

@@ -30,6 +30,10 @@ INTENDED_FLAG_CHANGES: dict[str, dict] = {  # dest -> {key: new value}, each wit
     "eos_policy": {"choices": ["drop", "keep", "text"]},
     # a third rollout backend: transformers generate in an engine actor beside the policy (default unchanged)
     "rollout_backend": {"choices": ["hf", "hf_engine", "vllm"]},
+    # the two readings of the paper's Naive baseline, each named for what it does ("naive" stays: naive-gated's
+    # older name, so saved configs and commands load)
+    "algorithm": {"choices": ["hacpo", "gspo", "grpo", "naive", "naive-paper", "naive-gated", "hacpo-no-adv",
+                              "hacpo-no-omega", "hacpo-no-clip", "hacpo-no-stepwise"]},
 }
 ADDED_FLAGS = {
     "dual_clip_c": "GRPO's dual clip c = 3 (verl clip_ratio_c): an algorithm setting, in the fingerprint",

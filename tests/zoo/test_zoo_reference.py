@@ -140,8 +140,10 @@ def test_compare_tiny_arm_settings_are_what_the_main_job_records(tmp_path):
         own, extra = split_passthrough(argv)
         args = build_parser().parse_args(own)
         cfg = MainJobConfig(preset=args.preset, algorithm=args.algorithm, n_samples_per_prompt=args.n_samples_per_prompt,
-                            steps=args.steps, seed=args.seed, output=args.output, extra_args=tuple(extra))
-        recorded = {"algorithm": cfg.algorithm, "n_samples_per_prompt": cfg.group_size, "extra_args": list(extra)}
+                            steps=args.steps, seed=args.seed, output=args.output, extra_args=tuple(extra),
+                            regime=args.regime)
+        recorded = {"algorithm": cfg.algorithm, "regime": cfg.regime, "n_samples_per_prompt": cfg.group_size,
+                    "extra_args": list(extra)}
         assert compare.arm_settings(arm, preset) == recorded, name
     assert "--rebuild" in compare.run_command(compare.ARMS["hacpo"], preset, 0, 80, tmp_path / "r", rebuild=True)
 
