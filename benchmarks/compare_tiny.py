@@ -70,7 +70,6 @@ import math
 import os
 import platform
 import shlex
-import statistics
 import subprocess
 import sys
 import threading
@@ -99,6 +98,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "benchmarks") not in sys.path:  # imported from a file path (tests), not run as a script
     sys.path.insert(0, str(REPO / "benchmarks"))
 from results_io import ResultWriter  # noqa: E402
+import window_probe  # noqa: E402
 RESULTS_DIR = REPO / "benchmarks" / "results"
 COMMANDS_FILE = "commands.txt"
 """Every command that ran arms into a runs folder, one per line (listed in the report)."""
@@ -328,98 +328,22 @@ def goal_checks(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------------------------------- ratio probe
-def _mean_logprobs(model, prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id: int) -> list[float]:
-    """Mean log-probability of each response's tokens given its prompt (T = 1), scored as the trainer scores rows
-    (:func:`openrlhf_hacpo.models.score_logprobs`)."""
-    from openrlhf_hacpo.models import score_logprobs
-
-    logps = score_logprobs(model, prompts, responses, pad_id, 1.0, 128, next(model.parameters()).device)
-    return [sum(values) / len(values) for values in (row.tolist() for row in logps)]
-
-
-def ratio_quantiles(ratios: Sequence[float], window: tuple[float, float] = (0.8, 1.0)) -> dict[str, Any]:
-    """Fractions of ``ratios`` below / inside / above ``window`` and their median (``None`` values if empty)."""
-    if not ratios:
-        return {"n": 0, "in_window": None, "below": None, "above": None, "median": None}
-    lo, hi = window
-    n = len(ratios)
-    return {"n": n, "in_window": sum(lo <= r <= hi for r in ratios) / n, "below": sum(r < lo for r in ratios) / n,
-            "above": sum(r > hi for r in ratios) / n, "median": statistics.median(ratios)}
-
-
-def foreign_ratio_probe(folders: Mapping[str, Path], prompts: Sequence[Any], group_size: int = 8, seed: int = 0,
-                        max_new_tokens: int = 40) -> dict[str, Any]:
-    """Sequence ratios s = exp(mean log π_learner − mean log π_source) of every agent's samples under every other
-    agent, for the policies in ``folders`` (the trainer's cross-agent ratio with ``eos_policy="drop"``: the learner
-    re-renders the prompt with its chat template and re-tokenizes the response text; EOS is not scored; the source
-    side re-tokenizes its own text too). Returns ``{"<learner> <- <source>": stats}`` with :func:`ratio_quantiles`
-    over all samples, and the median over correct and wrong samples."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from openrlhf_hacpo.data import arithmetic_reward
-    from openrlhf_hacpo.rollout.views import LearnerViewConfig, encode_response, render_prompt_ids
-    from openrlhf_hacpo.zoo import generate_responses
-
-    view = LearnerViewConfig(eos_policy="drop", apply_chat_template=True, enable_thinking=False)
-    agents = {}
-    for name, folder in folders.items():
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
-        agents[name] = (model, tokenizer)
-    samples = {}
-    for name, (model, tokenizer) in agents.items():
-        texts = generate_responses(model, tokenizer, prompts, do_sample=True, num_return_sequences=group_size,
-                                   max_new_tokens=max_new_tokens, seed=seed)
-        rows = [(p, t) for p, ts in zip(prompts, texts) for t in ts]
-        rows = [(p, t) for p, t in rows if encode_response(t, tokenizer)]
-        own = _mean_logprobs(model, [render_prompt_ids(p.messages, tokenizer, view) for p, _ in rows],
-                             [encode_response(t, tokenizer) for _, t in rows], tokenizer.pad_token_id)
-        samples[name] = [(p, t, lp, arithmetic_reward(t, p.label)) for (p, t), lp in zip(rows, own)]
-    out = {}
-    for learner, (model, tokenizer) in agents.items():
-        for source, rows in samples.items():
-            if source == learner:
-                continue
-            rows = [r for r in rows if encode_response(r[1], tokenizer)]
-            mine = _mean_logprobs(model, [render_prompt_ids(p.messages, tokenizer, view) for p, _, _, _ in rows],
-                                  [encode_response(t, tokenizer) for _, t, _, _ in rows], tokenizer.pad_token_id)
-            ratios = [math.exp(min(m - r[2], 10.0)) for m, r in zip(mine, rows)]
-            correct = [s for s, r in zip(ratios, rows) if r[3] > 0]
-            wrong = [s for s, r in zip(ratios, rows) if r[3] <= 0]
-            stats = ratio_quantiles(ratios)
-            stats.update(median_correct=statistics.median(correct) if correct else None,
-                         median_wrong=statistics.median(wrong) if wrong else None,
-                         source_accuracy=len(correct) / len(rows) if rows else None)
-            out[f"{learner} <- {source}"] = stats
-    return out
-
-
 def ratio_probes(root: Path, preset, found: Mapping[str, Mapping[int, Any]], start: Mapping[str, Path],
                  num_prompts: int = 64) -> dict[str, Any]:
-    """The ratio probe on the warm-started agents and on the final agents of each seed-0 sharing run (cached in
-    ``<root>/ratio_probe.json``)."""
-    from openrlhf_hacpo.data import make_splits
-
-    cache_path = root / "ratio_probe.json"
-    cache = json.loads(cache_path.read_text(encoding="utf-8")) if cache_path.is_file() else {}
+    """The window probe (:mod:`window_probe`) on the warm-started agents and on the final agents of each seed-0
+    sharing run (cached in ``<root>/ratio_probe.json``)."""
     targets = {"start (warm-started agents)": dict(start)}
     for arm in ("hacpo", "naive-paper", "naive-gated"):
         if 0 in found.get(arm, {}):
             folder = run_dir(root, ARMS[arm], 0) / "hf"
             targets[f"end of {ARMS[arm].label}, seed 0"] = {n: folder / n for n in preset.agent_names}
-    prompts = make_splits().validation[:num_prompts]
-    changed = False
-    out = {}
-    for label, folders in targets.items():
-        key = label + " | " + ",".join(str(folders[n]) for n in preset.agent_names)
-        if key not in cache:
-            _log(f"ratio probe: {label}")
-            cache[key] = foreign_ratio_probe(folders, prompts, preset.rl.group_size)
-            changed = True
-        out[label] = cache[key]
-    if changed:
-        atomic_write_json(cache_path, cache)
-    return out
+    return window_probe.ratio_probes(root, preset, targets, num_prompts, log=_log)
+
+
+def window_curves(root: Path, found: Mapping[str, Mapping[int, Any]], agents: Sequence[str]) -> dict[str, Any]:
+    """Per sharing arm, the trainer's per-step window fractions (A > 0 and A < 0 apart) averaged over its seeds."""
+    return {name: window_probe.window_over_training([run_dir(root, ARMS[name], s) for s in found[name]], agents)
+            for name in ("hacpo", "naive-paper", "naive-gated") if name in found}
 
 
 # ---------------------------------------------------------------------------------------------------------- report
@@ -568,17 +492,15 @@ def render_markdown(report: Mapping[str, Any]) -> str:
                   "median, so the median column is empty; the ratio probe below measures the median."]
 
     if report.get("ratio_probe"):
-        lines += ["", "## Ratio probe (median included)", "",
+        lines += ["", "## Ratio probe: correct and wrong samples against the window", "",
                   "The other agent's samples (64 validation prompts × G at T = 1) scored by each learner: the sequence "
                   "ratio s as the trainer computes it (learner's chat template and tokenization, EOS not scored), "
-                  "for the warm-started agents and for the final agents of the seed-0 runs.", "",
-                  "| policies | learner ← source | in [0.8, 1] | below | above 1 | median s | median s (correct) | "
-                  "median s (wrong) | source sample acc. |", "|---|---|---|---|---|---|---|---|---|"]
-        for label, pairs in report["ratio_probe"].items():
-            for pair, st in pairs.items():
-                lines.append(f"| {label} | {pair} | {fmt(st['in_window'])} | {fmt(st['below'])} | {fmt(st['above'])} | "
-                             f"{fmt(st['median'])} | {fmt(st['median_correct'])} | {fmt(st['median_wrong'])} | "
-                             f"{fmt(st['source_accuracy'])} |")
+                  "for the warm-started agents and for the final agents of the seed-0 sharing runs; correct and wrong "
+                  "samples apart (benchmarks/window_probe.py explains the columns).", ""]
+        lines += window_probe.probe_lines(report["ratio_probe"])
+    if report.get("window_curves"):
+        lines += ["", "The trainer's fractions of foreign rows below / inside / above the window at every step, with "
+                  "A > 0 and A < 0 apart (mean over seeds), are plotted in the report's `_window.png`."]
 
     lines += ["", "## Throughput (mean seconds per step; the agents of a run work concurrently)", "",
               "| arm | agent | step s | generate s | log-prob s | update s | samples trained / s | tokens generated / s |",
@@ -780,6 +702,7 @@ def build_report(root: Path, preset, steps: int, command: str, lanes: int,
         "arms": arms,
         "goals": goal_checks(arms),
         "ratio_probe": ratio_probes(root, preset, found, folders),
+        "window_curves": window_curves(root, found, list(preset.agent_names)),
         "paired": {f"{a} - {b}": paired_differences(arms[a], arms[b])
                    for a, b in [*MAIN_COMPARISONS, *((n, reference_of(ARMS[n], regime)) for n in ARMS)]
                    if a in arms and b in arms},
@@ -971,7 +894,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif report is None:
             out.fail(f"no finished runs under {root}")
         else:
-            path = out.commit({".json": report, ".md": markdown, ".png": render_plot(report)})[1]
+            files = {".json": report, ".md": markdown, ".png": render_plot(report)}
+            if report.get("window_curves"):
+                files["_window.png"] = window_probe.render_window_plot(
+                    report["window_curves"], f"preset {preset.name}, regime {args.regime}: foreign rows against the "
+                    "window (green A > 0, red A < 0; solid inside, dotted below, dashed above)")
+            path = out.commit(files)[1]
             _log(f"report: {path}")
     if markdown is not None:
         print(markdown)
