@@ -268,7 +268,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             report[preset.name] = ratio_probes(REPO / "runs" / "window_probe" / preset.name, preset,
                                                {f"{preset.name}: warm-started agents": folders}, args.num_prompts)
         lines = ["# Foreign ratios of correct and wrong samples against HACPO's window", "",
-                 f"Made by: `{command.strip()}`  ", __doc__.split("\n\n")[1].replace("\n", " "), ""]
+                 f"Made by: `{command.strip()}`", "", " ".join(__doc__.split("\n\n")[2].split()), "",
+                 "Columns: the quantiles of s; the fractions below, inside and above [0.8, 1]; the median mean "
+                 "log-probability per token under the learner and under the source; the median token counts; the "
+                 "median of the sum-normalised ratio exp(Σ_k − Σ_j).", ""]
         for preset_probes in report.values():
             lines += probe_lines(preset_probes) + [""]
         markdown = "\n".join(lines)
