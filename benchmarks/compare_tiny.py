@@ -196,6 +196,10 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
 MAIN_COMPARISONS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive-paper"), ("hacpo", "naive-gated"))
 """(arm, baseline) pairs of the headline comparison."""
 PRIMARY_COMPARISONS = (("hacpo", "gspo2x"), ("hacpo", "naive-paper"), ("hacpo", "naive-gated"))
+PAPER_ORDERINGS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive-paper"), ("hacpo", "naive-gated"),
+                   ("gspo", "naive-paper"), ("gspo", "naive-gated"))
+"""The paper's orderings, each "first above second" for every agent (Tables 1 and 7: HACPO above GSPO, GSPO ×2 and
+Naive; Naive below single-agent GSPO), judged on the 95% interval of the paired differences."""
 """The pre-registered primary comparisons: for every agent, HACPO − each of these; Holm's correction runs over all
 of them (agents × comparisons)."""
 GROUPS = {"main": [a for a in ARMS if ARMS[a].kind == "main"],
@@ -393,6 +397,14 @@ def _evidence_lines(report: Mapping[str, Any], agents: Sequence[str]) -> list[st
             holm = fmt(d.get("p_holm")) if "p_holm" in d else "–"
             lines.append(f"| {ARMS[a].label} − {ARMS[b].label} | {agent} | {d['n']} | {fmt(d['mean'], signed=True)}{ci} "
                          f"| {d['positive']}/{d['n']} | {fmt(d['p_sign_flip'])} | {holm} |")
+    if ev.get("orderings"):
+        lines += ["", "The paper's orderings (every agent; Tables 1 and 7), judged on the 95% interval of the paired "
+                  "difference: **holds** when it lies above 0, **reversed** when below, **not resolved** when it "
+                  "contains 0.", "", "| paper's claim | agent | n | mean [95% CI] | here |", "|---|---|---|---|---|"]
+        for o in ev["orderings"]:
+            a, b = o["claim"].split(" > ")
+            lines.append(f"| {ARMS[a].label} > {ARMS[b].label} | {o['agent']} | {o['n']} | {o['mean']:+.3f} "
+                         f"[{o['ci_low']:+.3f}, {o['ci_high']:+.3f}] | {o['verdict']} |")
     lines += ["", "Area under the validation curve (mean accuracy over training, trapezoids between evaluations; mean ± "
               "std over seeds) and the runs whose final accuracy ended below their accuracy before training:", "",
               "| arm | " + " | ".join(f"{a} AUC | {a} below start" for a in agents) + " |",
@@ -637,6 +649,7 @@ def evidence_report(found: Mapping[str, Mapping[int, Any]], agents: Sequence[str
     the ablations, Holm over the primary ones, each arm's area under the validation curve and runs below start."""
     finals = {arm: {seed: s["agents"] for seed, s in runs.items()} for arm, runs in found.items()}
     pairs = [p for p in MAIN_COMPARISONS if p[0] in found and p[1] in found]
+    pairs += [p for p in PAPER_ORDERINGS if p not in pairs and p[0] in found and p[1] in found]
     pairs += [(n, reference_of(ARMS[n], regime)) for n in found
               if reference_of(ARMS[n], regime) in found and ARMS[n].kind == "ablation"]
     comparisons: dict[str, dict[str, Any]] = {}
@@ -663,8 +676,17 @@ def evidence_report(found: Mapping[str, Mapping[int, Any]], agents: Sequence[str
             curves[arm][agent] = {"auc_by_seed": dict(zip(map(str, runs), aucs)), "auc_mean": summary["mean"],
                                   "auc_std": summary["std"], "below_start": len(below), "below_start_seeds": below,
                                   "runs": len(runs)}
+    orderings = []
+    for a, b in PAPER_ORDERINGS:
+        for agent in agents:
+            d = comparisons.get(f"{a} - {b}", {}).get(agent)
+            if d is None or d["ci_low"] is None:
+                continue
+            verdict = "holds" if d["ci_low"] > 0 else "reversed" if d["ci_high"] < 0 else "not resolved"
+            orderings.append({"claim": f"{a} > {b}", "agent": agent, "mean": d["mean"], "ci_low": d["ci_low"],
+                              "ci_high": d["ci_high"], "n": d["n"], "verdict": verdict})
     return {"primary": [f"{a} - {b}" for a, b in PRIMARY_COMPARISONS], "comparisons": comparisons,
-            "curves": curves}
+            "curves": curves, "orderings": orderings}
 
 
 def build_report(root: Path, preset, steps: int, command: str, lanes: int,

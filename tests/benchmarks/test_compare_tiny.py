@@ -136,3 +136,19 @@ def test_evidence_report_pairs_by_seed_and_corrects_the_primary_family():
                                                                         min(1, gated)))
     assert ev["curves"]["naive-paper"]["a"]["below_start"] == 5 and ev["curves"]["hacpo"]["a"]["below_start"] == 0
     assert ev["curves"]["gspo2x"]["a"]["auc_mean"] == pytest.approx((0.3 + 0.4) / 2)
+
+
+def test_the_paper_orderings_are_judged_on_the_interval():
+    compare = _compare_module()
+
+    def runs(finals):
+        return {seed: {"agents": {"a": {"acc_final": f, "acc_before": 0.3, "validation": [(0, 0.3), (10, f)]}}}
+                for seed, f in finals.items()}
+
+    found = {"hacpo": runs({0: 0.5, 1: 0.6, 2: 0.55}), "gspo": runs({0: 0.4, 1: 0.45, 2: 0.42}),
+             "gspo2x": runs({0: 0.6, 1: 0.4, 2: 0.55}), "naive-paper": runs({0: 0.6, 1: 0.7, 2: 0.66})}
+    verdicts = {o["claim"]: o["verdict"] for o in compare.evidence_report(found, ["a"], "paper")["orderings"]}
+    # hacpo - gspo: +0.10, +0.15, +0.13 (interval above 0); hacpo - gspo2x: -0.1, +0.2, 0 (contains 0);
+    # hacpo - naive-paper: -0.1, -0.1, -0.11 (below 0); gspo - naive-paper: -0.2, -0.25, -0.24
+    assert verdicts == {"hacpo > gspo": "holds", "hacpo > gspo2x": "not resolved", "hacpo > naive-paper": "reversed",
+                        "gspo > naive-paper": "reversed"}
