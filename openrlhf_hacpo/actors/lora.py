@@ -8,7 +8,7 @@ eq. 3): ``h = W x + (α / r) · B A x`` with A (r × in), B (out × r), B = 0 at
 * :func:`merged_entries` is the weights view the engines and ``save_hf`` receive: each adapted weight exported as
   ``W + (α / r) · B A`` under the base model's own name (``model.layers.0.self_attn.q_proj.weight``, not peft's
   ``base_model.model.….base_layer.weight``), the adapter tensors left out. The sum is computed into the exported
-  tensor (:meth:`~openrlhf_hacpo.actors.weight_export.WeightEntry.merged`): the trained adapter is never touched.
+  tensor (:meth:`~openrlhf_hacpo.actors.weight_entry.WeightEntry.merged`): the trained adapter is never touched.
 * :class:`AdapterDisabledReference`: the reference policy of a LoRA agent is its own model with the adapter switched
   off (``disable_adapter()``), which computes exactly the base model: no second copy of the weights.
 """
@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
-from openrlhf_hacpo.actors.weight_export import LowRankDelta, WeightEntry, weight_entries
+from openrlhf_hacpo.actors.weight_entry import LowRankDelta, WeightEntry, weight_entries
 from openrlhf_hacpo.config import AgentConfig
 
 __all__ = ["AdapterDisabledReference", "adapter_state_dict", "apply_lora", "base_model", "is_lora_model",
