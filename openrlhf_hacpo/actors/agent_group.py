@@ -190,7 +190,8 @@ class AgentGroup:
         return self.cfg.rollout_backend in ENGINE_BACKENDS
 
     @property
-    def _engine_role(self) -> str:
+    def engine_role(self) -> str:
+        """What the agent's engines are called in errors: ``HF engine`` or ``vLLM engine``."""
         return "HF engine" if self.cfg.rollout_backend == "hf_engine" else "vLLM engine"
 
     def _create_engines(self) -> None:
@@ -325,12 +326,12 @@ class AgentGroup:
 
         from openrlhf_hacpo.engines.hf_engine import HFEngine
 
-        self._call(self.engines, HFEngine.ready, [()] * len(self.engines), self._engine_role, lambda v: v).result()
+        self._call(self.engines, HFEngine.ready, [()] * len(self.engines), self.engine_role, lambda v: v).result()
         ray.get([policy.__ray_call__.remote(_bind_policy_cores, self._core_share(rank))
                  for rank, policy in enumerate(self.policies)], timeout=self.timeout_s)
 
     def _engines_call(self, method: Callable[..., Any]) -> None:
-        self._call(self.engines, method, [()] * len(self.engines), self._engine_role, lambda v: v).result()
+        self._call(self.engines, method, [()] * len(self.engines), self.engine_role, lambda v: v).result()
 
     def _wake_engines(self) -> None:
         """Sleep mode, before a generation: wake whatever the engines still have asleep (everything, or after a
@@ -429,7 +430,7 @@ class AgentGroup:
 
         generation = self._call(engines, _engine_class(self.cfg.rollout_backend).generate,
                                 [([rendered.ids[i] for i in shard], shard_sampling(sampling, e))
-                                 for e, shard in enumerate(engine_shards)], self._engine_role, generation_done)
+                                 for e, shard in enumerate(engine_shards)], self.engine_role, generation_done)
         outputs = generation.parts
         if self._engines_sleep:  # engines sleep before the (colocated) policies score
             outputs = self._after_sleep(engines, outputs)
@@ -444,7 +445,7 @@ class AgentGroup:
                 _attach_behaviour_logps(self.name, combined.trajectories, engine_shards, outputs,
                                         self.cfg.n_samples_per_prompt)
             engine_s = self._call(engines, _engine_class(self.cfg.rollout_backend).last_generate_seconds,
-                                  [()] * len(engines), self._engine_role, max).result()
+                                  [()] * len(engines), self.engine_role, max).result()
             return replace(combined, timings={**combined.timings, **timer.seconds, "engine_generate": engine_s})
 
         return Pending(self, scoring.role, scoring.parts, combine, scoring.remote, scoring.method, after=generation,
@@ -464,7 +465,7 @@ class AgentGroup:
             self._wake_engines()
             shards = split_shards(list(range(len(prompts))), len(self.engines))
             args = [([prompt_ids[i] for i in shard], shard_sampling(sampling, e)) for e, shard in enumerate(shards)]
-            workers, role = self.engines, self._engine_role
+            workers, role = self.engines, self.engine_role
             method = _engine_class(self.cfg.rollout_backend).generate
         else:
             shards = split_shards(list(range(len(prompts))), len(self.policies))

@@ -66,7 +66,7 @@ def _actor(text: str):
 
 def _group():
     return SimpleNamespace(name="llama", policies=[_actor("p0"), _actor("p1")], reference=_actor("ref"),
-                           engines=[_actor("e0")], _engine_role="vLLM engine",
+                           engines=[_actor("e0")], engine_role="vLLM engine",
                            worker_nodes={"p1": NODE_B, "e0": "10.0.0.1 (host gpu-a, node 4f2a9c01)"})
 
 
