@@ -73,7 +73,7 @@ def trainable_parameters(folders: Mapping[str, Path], rank: int) -> dict[str, tu
     (the memory plan's count, tested equal to peft's)."""
     from transformers import AutoConfig
 
-    from openrlhf_hacpo.trainer.memory_plan import ModelShape
+    from openrlhf_hacpo.trainer.memory_sizes import ModelShape
 
     out = {}
     for name, folder in folders.items():

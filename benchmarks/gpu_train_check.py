@@ -252,7 +252,8 @@ def record_memory(report: Report, configuration: str, flags: list[str], run: Pat
     """Add the memory plan's estimate of each agent's policy tensors on its GPU 0 and the largest
     ``perf/cuda_max_allocated_gib`` its workers logged (none on CPU); without Ray also the agents' sum."""
     from openrlhf_hacpo.cli.train_hacpo import build_config
-    from openrlhf_hacpo.trainer.memory_plan import agent_layouts, plan_run
+    from openrlhf_hacpo.trainer.memory_layout import agent_layouts
+    from openrlhf_hacpo.trainer.memory_plan import plan_run
     from openrlhf_hacpo.trainer.preflight import load_model_configs
 
     cfg = build_config(flags)

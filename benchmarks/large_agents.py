@@ -156,7 +156,8 @@ def plan_worker_bytes(row: Any, layout: Any) -> dict[str, int]:
 def plan_for_flags(flags: Sequence[str]) -> dict[str, dict[str, int]]:
     """:func:`plan_worker_bytes` of every agent of a training command (its flags), each layout as a CPU holds it."""
     from openrlhf_hacpo.cli.train_hacpo import build_config
-    from openrlhf_hacpo.trainer.memory_plan import agent_layouts, plan_run
+    from openrlhf_hacpo.trainer.memory_layout import agent_layouts
+    from openrlhf_hacpo.trainer.memory_plan import plan_run
     from openrlhf_hacpo.trainer.preflight import load_model_configs
 
     cfg = build_config(list(flags))

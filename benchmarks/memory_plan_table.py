@@ -21,7 +21,9 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from openrlhf_hacpo.trainer.memory_plan import GIB, AgentLayout, ModelShape, plan_run  # noqa: E402
+from openrlhf_hacpo.trainer.memory_layout import AgentLayout  # noqa: E402
+from openrlhf_hacpo.trainer.memory_plan import plan_run  # noqa: E402
+from openrlhf_hacpo.trainer.memory_sizes import GIB, ModelShape  # noqa: E402
 
 GPU_BYTES = 81559 * 2**20
 """An 80 GB H100 / A100 as ``nvidia-smi --query-gpu=memory.total`` reports it (81559 MiB = 79.6 GiB)."""

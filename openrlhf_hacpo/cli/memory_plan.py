@@ -22,7 +22,9 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from openrlhf_hacpo.trainer.memory_plan import agent_layouts, gpu_bytes_of, plan_run
+    from openrlhf_hacpo.trainer.memory_check import gpu_bytes_of
+    from openrlhf_hacpo.trainer.memory_layout import agent_layouts
+    from openrlhf_hacpo.trainer.memory_plan import plan_run
     from openrlhf_hacpo.trainer.preflight import load_model_configs
 
     argv = list(sys.argv[1:] if argv is None else argv)

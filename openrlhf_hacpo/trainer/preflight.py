@@ -272,7 +272,7 @@ def run_gpu_stack_preflight(cfg: TrainConfig, use_gpu: bool, cluster_gpus: float
         check_gpu_count(cfg, cluster_gpus)
     if cfg.rollout_backend == "vllm":
         check_vllm_compatibility(cfg, load_model_configs(cfg), "cuda" if use_gpu else "cpu")
-    if use_gpu:  # bytes per agent and GPU, refused when a GPU cannot hold its share (trainer/memory_plan.py)
-        from openrlhf_hacpo.trainer.memory_plan import launch_memory_plan
+    if use_gpu:  # bytes per agent and GPU, refused when a GPU cannot hold its share (trainer/memory_check.py)
+        from openrlhf_hacpo.trainer.memory_check import launch_memory_plan
 
         launch_memory_plan(cfg, load_model_configs(cfg), log=logger.info)

@@ -59,7 +59,9 @@ def test_median_step_time_leaves_out_the_first_step():
 
 def test_plan_worker_bytes_leave_the_reference_out():
     bench = _module()
-    from openrlhf_hacpo.trainer.memory_plan import REDUCE_BUCKET_ELEMENTS, AgentLayout, ModelShape, plan_agent
+    from openrlhf_hacpo.trainer.memory_layout import AgentLayout
+    from openrlhf_hacpo.trainer.memory_rows import plan_agent
+    from openrlhf_hacpo.trainer.memory_sizes import REDUCE_BUCKET_ELEMENTS, ModelShape
 
     shape = ModelShape(model_type="llama", vocab=1000, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16,
                        intermediate=128, tied=True)

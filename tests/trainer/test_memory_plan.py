@@ -10,18 +10,11 @@ import pytest
 import torch
 
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
-from openrlhf_hacpo.trainer.memory_plan import (
-    ALLOCATOR_OVERHEAD,
-    CUDA_CONTEXT_BYTES,
-    GIB,
-    AgentLayout,
-    ModelShape,
-    detect_gpu_bytes,
-    fitting_options,
-    launch_memory_plan,
-    plan_agent,
-    plan_run,
-)
+from openrlhf_hacpo.trainer.memory_check import detect_gpu_bytes, launch_memory_plan
+from openrlhf_hacpo.trainer.memory_layout import AgentLayout
+from openrlhf_hacpo.trainer.memory_plan import fitting_options, plan_run
+from openrlhf_hacpo.trainer.memory_rows import plan_agent
+from openrlhf_hacpo.trainer.memory_sizes import ALLOCATOR_OVERHEAD, CUDA_CONTEXT_BYTES, GIB, ModelShape
 
 H100_BYTES = 81559 * 2**20  # nvidia-smi's memory.total of an 80 GB H100
 

@@ -16,7 +16,7 @@ def _engine(tiny_agents, tmp_path, *flags):
     from transformers import AutoConfig
 
     from openrlhf_hacpo.actors.deepspeed_setup import build_policy_engine
-    from openrlhf_hacpo.trainer.memory_plan import agent_layouts
+    from openrlhf_hacpo.trainer.memory_layout import agent_layouts
 
     init_gloo_world()
     cfg = worker_config(tiny_agents["llama"], tmp_path, "--micro_train_batch_size", "2", "--lr_scheduler",
@@ -35,7 +35,7 @@ def _update(engine, vocab: int) -> None:
 
 
 def test_zero2_gradient_buffers_match_the_plan(tiny_agents, tmp_path):
-    from openrlhf_hacpo.trainer.memory_plan import policy_phases
+    from openrlhf_hacpo.trainer.memory_rows import policy_phases
 
     built, config, layout = _engine(tiny_agents, tmp_path, "--zero_stage", "2")
     engine, opt = built.engine, built.engine.optimizer
@@ -95,7 +95,7 @@ def test_zero2_gradient_buffers_match_the_plan(tiny_agents, tmp_path):
 def test_zero3_gradient_buffers_match_the_plan(tiny_agents, tmp_path):
     """ZeRO-3 keeps its bucket and a flat gradient partition (world size 1: every trainable gradient) from its
     initialisation on; its client optimizer steps on an fp32 gradient of the sub-group (here one)."""
-    from openrlhf_hacpo.trainer.memory_plan import policy_phases
+    from openrlhf_hacpo.trainer.memory_rows import policy_phases
 
     built, config, layout = _engine(tiny_agents, tmp_path, "--zero_stage", "3")
     opt = built.engine.optimizer
@@ -125,7 +125,7 @@ def test_zero2_offload_host_buffers_match_the_plan(tiny_agents, tmp_path):
     """ZeRO-2 with adam_offload: the copy-back buffer of the updated weights, the accumulated gradients of the
     earlier micro-batches and the copy buffers of the largest parameter are DeepSpeed's, of the sizes the plan
     counts (host and device are the same memory here; the plan places them)."""
-    from openrlhf_hacpo.trainer.memory_plan import policy_phases
+    from openrlhf_hacpo.trainer.memory_rows import policy_phases
 
     built, config, layout = _engine(tiny_agents, tmp_path, "--zero_stage", "2", "--adam_offload")
     opt = built.engine.optimizer

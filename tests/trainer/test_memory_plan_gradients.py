@@ -8,15 +8,9 @@ from types import SimpleNamespace
 import pytest
 
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
-from openrlhf_hacpo.trainer.memory_plan import (
-    ALLOCATOR_OVERHEAD,
-    CUDA_CONTEXT_BYTES,
-    AgentLayout,
-    ModelShape,
-    agent_layouts,
-    plan_agent,
-    policy_phases,
-)
+from openrlhf_hacpo.trainer.memory_layout import AgentLayout, agent_layouts
+from openrlhf_hacpo.trainer.memory_rows import plan_agent, policy_phases
+from openrlhf_hacpo.trainer.memory_sizes import ALLOCATOR_OVERHEAD, CUDA_CONTEXT_BYTES, ModelShape
 
 # The small llama of tests/trainer/test_memory_plan.py: vocabulary 1000, hidden 64, 2 layers, 4 heads of 16, 2 KV
 # heads, MLP 128, tied: P = 138048 parameters; its largest tensor is the 1000 x 64 embedding (64000 elements).
