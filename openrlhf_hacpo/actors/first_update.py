@@ -12,17 +12,18 @@ Under ``hacpo`` and ``naive`` a source's old log-prob mean is also the denominat
 its rows (eq. 11), needed before their probes decide. The step therefore runs in two phases:
 
 1. :func:`own_rows_first`: every learner builds its view, forwards and backwards its own rows of update 0 (no
-   optimizer step: gradients accumulate), scores its own rows of later updates, and returns these per-token
-   values, keyed by the trajectory's position in the step;
+   optimizer step: gradients accumulate), scores its own rows of later updates, and returns a :class:`FirstPhase`:
+   these per-token values, keyed by the trajectory's position in the step, and the step so far;
 2. the controller records them in the trajectories (:func:`record_old_logps`: each row's sum and token count, not
    the per-token values, cross the process boundary) and hands every learner each trajectory's ``old_logp_mean``;
-   :func:`finish_step` then probes the foreign rows of update 0, runs the kept ones through the backward pass,
-   takes the optimizer step and runs updates m = 1, 2, ... as usual.
+   :func:`finish_step` then takes the learner's :class:`FirstPhase`, probes the foreign rows of update 0, runs the
+   kept ones through the backward pass, takes the optimizer step and runs updates m = 1, 2, ... as usual.
 
 Under ``gspo`` and ``grpo`` no learner reads another's old log-probs, so there is no exchange: each learner runs
 both phases in one call (:meth:`UpdateLoop.train_step`) and hands its rows' sums back with the step's result, for
 the trajectories the driver keeps (rollout dumps).
 
+Both phases use only the learner's public steps (:class:`~openrlhf_hacpo.actors.update_steps.UpdateSteps`).
 Nothing in the loss depends on the split: its denominators are the global mini-batch totals (``LossTotals``), the
 same whichever rows the probe keeps and whichever phase a row's backward runs in.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -40,21 +41,23 @@ from openrlhf_hacpo.actors.rank_agreement import agree_on_count
 from openrlhf_hacpo.actors.results import RankTrainResult
 from openrlhf_hacpo.actors.step_state import PreparedStep, UpdateState
 from openrlhf_hacpo.actors.update_plan import my_share
+from openrlhf_hacpo.actors.update_steps import UpdateSteps
 from openrlhf_hacpo.actors.zero_grad_probe import probe_enabled
 from openrlhf_hacpo.algorithms import CapabilityRatios
 from openrlhf_hacpo.rollout import LearnerBatch, MicroBatch, Trajectory
 from openrlhf_hacpo.utils.padding import micro_batch_groups
 
-if TYPE_CHECKING:
-    from openrlhf_hacpo.actors.update_loop import UpdateLoop
-
-__all__ = ["check_dropout_free", "finish_step", "old_logp_sums", "old_means_of", "own_rows_first", "record_old_logps"]
+__all__ = ["FirstPhase", "check_dropout_free", "finish_step", "old_logp_sums", "old_means_of", "own_rows_first",
+           "record_old_logps"]
 
 
 @dataclass
-class _Pending:
-    """A step between its two phases: what phase 1 prepared and the first update, gradients accumulated."""
+class FirstPhase:
+    """A step between its two phases on one rank: ``old_logps``, the old log-probs of this rank's own rows by
+    trajectory position (float32 CPU tensors of the action tokens), and what :func:`finish_step` continues from
+    (what phase 1 prepared, the first update with its gradients accumulated)."""
 
+    old_logps: dict[int, torch.Tensor]
     prepared: PreparedStep
     update: UpdateState
     positions: list[int]  # row index of the learner's view -> the trajectory's position in the step
@@ -70,15 +73,15 @@ def check_dropout_free(model: torch.nn.Module, agent: str) -> None:
                          f"{rates[0]}); drop the flag to score old log-probs in a pass of their own")
 
 
-def own_rows_first(loop: "UpdateLoop", trajectories: Sequence[Trajectory], step: int,
-                   ratios: CapabilityRatios) -> dict[int, torch.Tensor]:
-    """Phase 1 on one rank: the old log-probs of this rank's own rows, by trajectory position (float32 CPU tensors
-    of the action tokens); the first update's own rows have been through forward and backward."""
-    prepared = loop._prepare(trajectories, step, ratios)
+def own_rows_first(loop: UpdateSteps, trajectories: Sequence[Trajectory], step: int,
+                   ratios: CapabilityRatios) -> FirstPhase:
+    """Phase 1 on one rank: the old log-probs of this rank's own rows and the step so far; the first update's own
+    rows have been through forward and backward."""
+    prepared = loop.prepare(trajectories, step, ratios)
     k = loop.agent_index
     positions = [i for i, t in enumerate(trajectories) if loop.cfg.trains_on_foreign or t.source == k]
     batch, plan = prepared.batch, prepared.plan
-    update = loop._begin(plan[0], 0, prepared.ref_logp, prepared.stats, prepared.records.foreign_ratios)
+    update = loop.begin_update(plan[0], 0, prepared.ref_logp, prepared.stats, prepared.records.foreign_ratios)
     first = set(update.share.row_ids)
     shares = [my_share(mb, loop.rank, loop.world_size) for mb in plan[1:]]
     later = sorted({i for share in shares for i, r in zip(share.row_ids, share.rows) if r.is_own and i not in first})
@@ -87,21 +90,20 @@ def own_rows_first(loop: "UpdateLoop", trajectories: Sequence[Trajectory], step:
         own = [j for j, r in enumerate(update.share.rows) if r.is_own]
         computed: list[tuple[tuple[int, ...], torch.Tensor]] = []
         # without foreign rows (gspo, grpo) the update is complete here: its last micro-batch is the boundary
-        loop._backward(update, update.share.select(own), boundary=not loop.cfg.trains_on_foreign,
-                       micro_loss=lambda micro: _own_micro_loss(loop, update, micro, computed))
+        loop.backward(update, update.share.select(own), boundary=not loop.cfg.trains_on_foreign,
+                      micro_loss=lambda micro: _own_micro_loss(loop, update, micro, computed))
         for rows, logp in computed:
             logp = logp.float().cpu()
             values.update({i: logp[j, :len(batch.rows[i].response_ids)].clone() for j, i in enumerate(rows)})
     for i, v in values.items():  # this rank's later updates read them from the rows
         batch.rows[i].old_logp = v
-    loop._pending = _Pending(prepared, update, positions)
-    return {positions[i]: v for i, v in values.items()}
+    return FirstPhase({positions[i]: v for i, v in values.items()}, prepared, update, positions)
 
 
-def finish_step(loop: "UpdateLoop", old_means: Sequence[float]) -> RankTrainResult:
-    """Phase 2 on one rank: ``old_means[p]`` is the old log-prob mean of the step's trajectory p (every source's);
-    the foreign rows of update 0 are probed and trained, the optimizer steps, and the later updates run."""
-    pending, loop._pending = loop._pending, None
+def finish_step(loop: UpdateSteps, pending: FirstPhase | None, old_means: Sequence[float]) -> RankTrainResult:
+    """Phase 2 on one rank, from ``pending`` (what :func:`own_rows_first` returned on this rank): ``old_means[p]``
+    is the old log-prob mean of the step's trajectory p (every source's); the foreign rows of update 0 are probed
+    and trained, the optimizer steps, and the later updates run."""
     if pending is None:
         raise RuntimeError(f"agent {loop.agent.name!r}: finish_step without own_rows_first")
     prepared, update = pending.prepared, pending.update
@@ -111,19 +113,19 @@ def finish_step(loop: "UpdateLoop", old_means: Sequence[float]) -> RankTrainResu
         if not math.isfinite(row.old_logp_mean):
             raise ValueError(f"agent {loop.agent.name!r}: no finite old log-prob mean for trajectory {p} "
                              f"({row.prompt_id!r} from agent {row.source})")
-    loop._check_batch(batch)
+    loop.check_batch(batch)
     record_view_stats(batch, prepared.advantages, prepared.stats, [a.name for a in loop.cfg.resolved_agents()])
     foreign = [j for j, r in enumerate(update.share.rows) if not r.is_own]
     timer = prepared.timer
     if loop.cfg.trains_on_foreign:  # else phase 1 took the optimizer step
         if probe_enabled(loop.cfg):
             with timer.phase("probe"):
-                keep = set(loop._probe(update, foreign))
+                keep = set(loop.rows_to_train(update, foreign))
             foreign = [j for j in foreign if j in keep]
         with timer.phase("update"):
-            loop._backward(update, update.share.select(foreign), boundary=True)
-    prepared.records.add(*loop._finish(update, prepared.step, prepared.records.work))
-    return loop._run_updates(prepared, first=1)
+            loop.backward(update, update.share.select(foreign), boundary=True)
+    prepared.records.add(*loop.finish_update(update, prepared.step, prepared.records.work))
+    return loop.run_updates(prepared, first=1)
 
 
 def old_logp_sums(values: Mapping[int, torch.Tensor]) -> dict[int, tuple[float, int]]:
@@ -163,7 +165,7 @@ def old_means_of(trajectories: Sequence[Trajectory], own: Mapping[int, torch.Ten
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _own_micro_loss(loop: "UpdateLoop", update: UpdateState, micro: MicroBatch,
+def _own_micro_loss(loop: UpdateSteps, update: UpdateState, micro: MicroBatch,
                     computed: list[tuple[tuple[int, ...], torch.Tensor]]) -> tuple[torch.Tensor, Any]:
     """The loss of own rows of update 0 whose old log-probs are this forward's, detached; keeps them in
     ``computed`` (on the device, read once the phase ends)."""
@@ -172,12 +174,12 @@ def _own_micro_loss(loop: "UpdateLoop", update: UpdateState, micro: MicroBatch,
     old = scored.logp.detach() * mask
     micro = replace(micro, old_logp=old, old_logp_mean=old.sum(dim=1) / mask.sum(dim=1))
     computed.append((micro.rows, old))
-    out = loop._loss_of(micro, scored.logp, scored.entropy, update.m, update.totals, update.ref_logp, update.params)
+    out = loop.loss_of(micro, scored.logp, scored.entropy, update.m, update.totals, update.ref_logp, update.params)
     return (out.loss, out) if out is not None else (zero_surrogate(scored.logp), None)
 
 
 @torch.no_grad()
-def _score(loop: "UpdateLoop", rows: LearnerBatch, filler: LearnerBatch) -> dict[int, torch.Tensor]:
+def _score(loop: UpdateSteps, rows: LearnerBatch, filler: LearnerBatch) -> dict[int, torch.Tensor]:
     """Old log-probs of ``rows`` (own rows of later updates), without gradient, by row index; every rank runs the
     same number of forwards (ZeRO-3's gathers are collective: a rank with fewer forwards one row of ``filler``)."""
     cfg = loop.cfg

@@ -97,6 +97,7 @@ class PolicyWorker:
         self.hf_engine.vocab_size = int(self.model.config.vocab_size)
         self.scorer = RolloutScorer(self.cfg, self.agent_index, self.tokenizer, eos_token_ids)
         self._first_phase_s = 0.0  # seconds of train_own_rows_first, added to train_finish's train_rest
+        self._first_phase: first_update.FirstPhase | None = None  # a step between train_own_rows_first and finish
         self.updater = UpdateLoop(self.cfg, agent, self.agent_index, self.rank, self.world_size, self.engine,
                                   self.client_optimizer, self.tokenizer, view_config(self.cfg), self.device)
         if self.cfg.old_logp_from_update:
@@ -202,7 +203,8 @@ class PolicyWorker:
         log-probs, by trajectory position (see :func:`~openrlhf_hacpo.actors.first_update.own_rows_first`)."""
         started = time.perf_counter()
         self.wake()
-        sums = first_update.old_logp_sums(first_update.own_rows_first(self.updater, trajectories, step, ratios))
+        self._first_phase = first_update.own_rows_first(self.updater, trajectories, step, ratios)
+        sums = first_update.old_logp_sums(self._first_phase.old_logps)
         self._first_phase_s = time.perf_counter() - started
         return sums
 
@@ -211,7 +213,8 @@ class PolicyWorker:
         (:func:`~openrlhf_hacpo.actors.first_update.finish_step`); its ``train_rest`` covers both calls."""
         started = time.perf_counter() - self._first_phase_s
         self._first_phase_s = 0.0
-        return with_rest(first_update.finish_step(self.updater, old_means), "train_rest", started)
+        phase, self._first_phase = self._first_phase, None
+        return with_rest(first_update.finish_step(self.updater, phase, old_means), "train_rest", started)
 
     # ------------------------------------------------------------------------------------------------ weights, state
     def state_dict_for_sync(self) -> dict[str, torch.Tensor]:

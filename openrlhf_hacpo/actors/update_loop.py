@@ -9,6 +9,11 @@ For learner k and a step's trajectories:
 4. mini-batch updates m = 0, 1, ... (eq. 14, ``max_epochs`` passes): this rank's share of each global mini-batch in
    micro-batches with gradient accumulation, then one clipped DeepSpeed optimizer step.
 
+The step in public steps (the protocol :class:`~.update_steps.UpdateSteps`, which the probe and :mod:`.first_update`
+use): :meth:`UpdateLoop.prepare` (1–3), then :meth:`UpdateLoop.run_updates` (4), which runs
+:meth:`UpdateLoop.run_update` per mini-batch: :meth:`~UpdateLoop.begin_update`, :meth:`~UpdateLoop.rows_to_train`,
+:meth:`~UpdateLoop.backward`, :meth:`~UpdateLoop.finish_update`.
+
 Foreign rows with zero gradient leave the backward pass (``skip_zero_grad_rows``): before each update the probe
 (:mod:`.zero_grad_probe`, ``time/probe``) decides which foreign rows can contribute; the others' loss value and
 metrics are counted from the probe. Micro-batches are grouped by length (``length_grouping``). Each micro-batch
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -40,8 +45,9 @@ from openrlhf_hacpo.actors.rank_agreement import agree_on_count, any_rank
 from openrlhf_hacpo.actors.results import RankTrainResult
 from openrlhf_hacpo.actors.step_state import PreparedStep, StepRecords, UpdateState
 from openrlhf_hacpo.actors.update_plan import my_share, plan_updates, reference_logprobs
+from openrlhf_hacpo.actors.update_steps import MicroLoss
 from openrlhf_hacpo.actors.update_work import UpdateWork
-from openrlhf_hacpo.actors.zero_grad_probe import SKIP_MARGIN, ZeroGradProbe, probe_enabled
+from openrlhf_hacpo.actors.zero_grad_probe import ZeroGradProbe, probe_enabled
 from openrlhf_hacpo.algorithms import CapabilityRatios, LossTotals, compute_advantages, get_policy_loss
 from openrlhf_hacpo.algorithms.losses import PolicyLossOutput, check_policy_input
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
@@ -50,11 +56,9 @@ from openrlhf_hacpo.rollout import LearnerBatch, LearnerViewConfig, MicroBatch, 
 from openrlhf_hacpo.utils.timing import PhaseTimer
 from openrlhf_hacpo.utils.weighted import WeightedMeans
 
-__all__ = ["UpdateLoop", "SKIP_MARGIN"]
+__all__ = ["UpdateLoop"]
 
 logger = logging.getLogger(__name__)
-
-_Work = UpdateWork  # the name the row-skipping tests import
 
 
 class UpdateLoop:
@@ -62,7 +66,7 @@ class UpdateLoop:
 
     ``loss`` is the policy loss of ``cfg.algo.loss_name`` (:data:`~openrlhf_hacpo.algorithms.POLICY_LOSSES`);
     ``reference`` (a Ray actor handle or a plain :class:`~openrlhf_hacpo.actors.reference.ReferenceWorker`) must be
-    set when ``kl_coef > 0``.
+    set when ``kl_coef > 0``. It implements :class:`~openrlhf_hacpo.actors.update_steps.UpdateSteps`.
     """
 
     def __init__(self, cfg: TrainConfig, agent: AgentConfig, agent_index: int, rank: int, world_size: int,
@@ -76,7 +80,6 @@ class UpdateLoop:
         self.loss = get_policy_loss(cfg.algo.loss_name)  # the table row: parameters and row rules
         self.loss_fn = self.loss  # what computes the loss (tests wrap it)
         self.probe = ZeroGradProbe(self)
-        self._pending: Any = None  # a step between the two phases of first_update
         self.reference: Any = None
         self.updates_done = 0
         self.skipped_updates = 0
@@ -92,22 +95,24 @@ class UpdateLoop:
         sums.
         """
         if self.cfg.old_logp_from_update:
-            own = first_update.own_rows_first(self, trajectories, step, ratios)
-            result = first_update.finish_step(self, first_update.old_means_of(trajectories, own))
-            return replace(result, old_logp_sums=first_update.old_logp_sums(own))
-        prepared = self._prepare(trajectories, step, ratios)
+            phase = first_update.own_rows_first(self, trajectories, step, ratios)
+            result = first_update.finish_step(self, phase, first_update.old_means_of(trajectories, phase.old_logps))
+            return replace(result, old_logp_sums=first_update.old_logp_sums(phase.old_logps))
+        prepared = self.prepare(trajectories, step, ratios)
         record_view_stats(prepared.batch, prepared.advantages, prepared.stats,
                           [a.name for a in self.cfg.resolved_agents()])
-        return self._run_updates(prepared, first=0)
+        return self.run_updates(prepared)
 
-    def _prepare(self, trajectories: Sequence[Trajectory], step: int, ratios: CapabilityRatios) -> PreparedStep:
-        """The step's view, advantages, update plan and reference log-probs."""
+    def prepare(self, trajectories: Sequence[Trajectory], step: int, ratios: CapabilityRatios) -> PreparedStep:
+        """Steps 1–3 of the module docstring: the learner's view, its advantages and coefficients
+        (:meth:`attach_advantages`), the loss's input rules (:meth:`check_batch`), the update plan and the reference
+        log-probs of this rank's own rows (KL term only), timed as ``view``, ``advantages`` and ``reference``."""
         timer = PhaseTimer()
         with timer.phase("view"):
             batch = self.learner_batch(trajectories)
         with timer.phase("advantages"):
-            advantages = self._attach_advantages(batch, ratios)
-            self._check_batch(batch)
+            advantages = self.attach_advantages(batch, ratios)
+            self.check_batch(batch)
         plan = plan_updates(batch, self.cfg, self.agent, step, self.world_size)
         with timer.phase("reference"):
             ref_logp = reference_logprobs(self.reference, plan, self.cfg, self.agent, self.rank, self.world_size) \
@@ -115,12 +120,13 @@ class UpdateLoop:
         return PreparedStep(batch=batch, advantages=advantages, plan=plan, ref_logp=ref_logp, step=step, timer=timer,
                          stats=WeightedMeans(), records=StepRecords(skipped_before=self.skipped_updates))
 
-    def _run_updates(self, prepared: PreparedStep, first: int) -> RankTrainResult:
-        """Updates m = ``first``, ... of the plan, then the step's records."""
+    def run_updates(self, prepared: PreparedStep, first: int = 0) -> RankTrainResult:
+        """Step 4: updates m = ``first``, ... of the plan (:meth:`run_update`), then the step's records (gradient
+        norms, learning rate, median foreign ratio, work) and its result on this rank."""
         records, stats = prepared.records, prepared.stats
         for m in range(first, len(prepared.plan)):
-            records.add(*self._update(prepared.plan[m], m, prepared.step, prepared.ref_logp, stats,
-                                      records.foreign_ratios, prepared.timer, records.work))
+            records.add(*self.run_update(prepared.plan[m], m, prepared.step, prepared.ref_logp, stats,
+                                         records.foreign_ratios, prepared.timer, records.work))
         records.record(stats, self.world_size, self.device)
         return RankTrainResult(metrics=stats.state(), skipped_updates=self.skipped_updates - records.skipped_before,
                                skipped_updates_total=self.skipped_updates, updates=len(prepared.plan),
@@ -134,9 +140,9 @@ class UpdateLoop:
             raise ValueError(f"agent {self.agent.name!r}: the step holds none of its own trajectories")
         return build_learner_batch(rows, k, self.tokenizer, self.view_cfg, eos_token_id=self.tokenizer.eos_token_id)
 
-    def _attach_advantages(self, batch: LearnerBatch, ratios: CapabilityRatios) -> torch.Tensor:
-        """Attach the advantages (eqs. 6–8, baseline weights ω^(k,j)) and the coefficients ω^(j,k) (eq. 10; 1 on
-        own rows, since R[k, k] = 1); returns the advantages."""
+    def attach_advantages(self, batch: LearnerBatch, ratios: CapabilityRatios) -> torch.Tensor:
+        """Attach to ``batch`` the advantages (eqs. 6–8, baseline weights ω^(k,j)) and the coefficients ω^(j,k)
+        (eq. 10; 1 on own rows, since R[k, k] = 1); returns the advantages."""
         k = self.agent_index
         sources = torch.tensor([r.source for r in batch.rows], dtype=torch.long)
         rewards = torch.tensor([r.reward for r in batch.rows], dtype=torch.float64)
@@ -146,9 +152,10 @@ class UpdateLoop:
         batch.attach(adv.advantages, ratios.coefficients(k)[sources])
         return adv.advantages.float()
 
-    def _check_batch(self, batch: LearnerBatch) -> None:
-        """The loss's input rules, checked once for the whole learner batch (the loss then runs unchecked), on the
-        batch's columns: its token ids are not packed for this."""
+    def check_batch(self, batch: LearnerBatch) -> None:
+        """Raise ``ValueError`` where ``batch`` breaks the loss's input rules (a row without response tokens, a
+        non-finite or misshapen column, a foreign row for a loss of own rows only): checked once for the whole
+        learner batch (the loss then runs unchecked), on the batch's columns: its token ids are not packed for this."""
         empty = [i for i, r in enumerate(batch.rows) if not r.response_ids]
         if empty:
             raise ValueError(f"agent {self.agent.name!r}: learner row {empty[0]} has no response tokens")
@@ -159,28 +166,31 @@ class UpdateLoop:
         self.loss.check_rows(whole.is_own)
 
     # ------------------------------------------------------------------------------------------------ one update
-    def _update(self, minibatch: LearnerBatch, m: int, step: int, ref_logp: dict[int, torch.Tensor],
-                stats: WeightedMeans, foreign_ratios: list[torch.Tensor], timer: PhaseTimer | None = None,
-                work: UpdateWork | None = None) -> tuple[float | None, float]:
-        """One optimizer update on one global mini-batch (this rank's share, in micro-batches); the sequence ratios
-        of its foreign rows are appended to ``foreign_ratios``.
+    def run_update(self, minibatch: LearnerBatch, m: int, step: int, ref_logp: dict[int, torch.Tensor],
+                   stats: WeightedMeans, foreign_ratios: list[torch.Tensor], timer: PhaseTimer | None = None,
+                   work: UpdateWork | None = None) -> tuple[float | None, float]:
+        """One optimizer update m (eq. 14) on one global mini-batch: this rank's share (:meth:`begin_update`), the
+        probe of its foreign rows (:meth:`rows_to_train`, ``probe``), the micro-batches' forward and backward and the
+        optimizer step (:meth:`backward`, ``update``), then :meth:`finish_update`. Losses and metrics go to
+        ``stats``, the sequence ratios of the foreign rows to ``foreign_ratios``, the work done to ``work``.
 
         Returns (gradient norm or None when skipped, learning rate of the update).
         """
         timer = timer if timer is not None else PhaseTimer()
-        update = self._begin(minibatch, m, ref_logp, stats, foreign_ratios)
+        update = self.begin_update(minibatch, m, ref_logp, stats, foreign_ratios)
         rows = list(range(len(update.share)))
         if probe_enabled(self.cfg):
             with timer.phase("probe"):
-                rows = self._probe(update, [i for i in rows if not update.share.rows[i].is_own])
+                rows = self.rows_to_train(update, [i for i in rows if not update.share.rows[i].is_own])
         with timer.phase("update"):
-            self._backward(update, update.share.select(rows), boundary=True)
-        return self._finish(update, step, work)
+            self.backward(update, update.share.select(rows), boundary=True)
+        return self.finish_update(update, step, work)
 
-    def _begin(self, minibatch: LearnerBatch, m: int, ref_logp: dict[int, torch.Tensor], stats: WeightedMeans,
-               foreign_ratios: list[torch.Tensor]) -> UpdateState:
-        """The update of global mini-batch ``minibatch`` at index m: this rank's share, the loss's denominators
-        (the global mini-batch's totals) and parameters, the learning rate it will use."""
+    def begin_update(self, minibatch: LearnerBatch, m: int, ref_logp: dict[int, torch.Tensor],
+                     stats: WeightedMeans, foreign_ratios: list[torch.Tensor]) -> UpdateState:
+        """The state of update m on global mini-batch ``minibatch``: this rank's share, the loss's denominators (the
+        global mini-batch's totals), its parameters at m (the stepwise lower bound, eq. 14), the learning rate the
+        optimizer step will use, and where the update records (``stats``, ``foreign_ratios``)."""
         own_rows = [r for r in minibatch.rows if r.is_own]
         totals = LossTotals(num_seqs=len(minibatch), num_tokens=minibatch.num_response_tokens,
                             num_own_seqs=len(own_rows), num_own_tokens=sum(len(r.response_ids) for r in own_rows))
@@ -190,19 +200,23 @@ class UpdateLoop:
                        lr=float(self.client_optimizer.param_groups[0]["lr"]),
                        work=UpdateWork(rows=len(share), tokens=share.num_response_tokens))
 
-    def _probe(self, update: UpdateState, foreign: list[int]) -> list[int]:
-        """The probe of ``foreign`` (indices into the share): the share's rows that need a backward pass."""
+    def rows_to_train(self, update: UpdateState, foreign: list[int]) -> list[int]:
+        """The probe (:class:`~.zero_grad_probe.ZeroGradProbe`) of the share's foreign rows ``foreign``: the indices
+        into the share, sorted, of the rows that need a backward pass (own rows and foreign rows with non-zero
+        gradient); the skipped rows' loss and metrics are recorded in ``update``."""
         probed = self.probe.run(update.share, foreign, update.m, update.totals, update.params, update.stats,
                                 update.foreign_ratios, update.terms)
         update.work.add(probed.work)
         update.nonfinite |= not probed.finite
         return sorted([i for i, r in enumerate(update.share.rows) if r.is_own and i not in foreign] + probed.keep)
 
-    def _backward(self, update: UpdateState, rows: LearnerBatch, boundary: bool,
-                  micro_loss: Callable[[MicroBatch], tuple[torch.Tensor, Any]] | None = None) -> None:
-        """Forward and backward of ``rows`` in micro-batches (accumulating gradients); with ``boundary`` the last
-        one is the accumulation boundary and the optimizer step runs after it. ``micro_loss`` replaces the forward
-        and loss of a micro-batch (:mod:`.first_update`)."""
+    def backward(self, update: UpdateState, rows: LearnerBatch, boundary: bool,
+                 micro_loss: MicroLoss | None = None) -> None:
+        """Forward, loss and backward of ``rows`` (of ``update``'s share) in micro-batches, accumulating gradients
+        and recording each loss in ``update``; every rank runs as many micro-batches as the rank with most (a
+        zero-loss pass on the others). With ``boundary`` the last one is the accumulation boundary and the
+        optimizer step runs after it, skipped on every rank if any micro-batch was not finite. ``micro_loss``
+        replaces the forward and loss of a micro-batch (:mod:`.first_update`)."""
         cfg, engine = self.cfg, self.engine
         micros = rows.micro_batches(cfg.micro_train_batch_size, group_by_length=cfg.length_grouping) \
             if len(rows) else []
@@ -222,8 +236,7 @@ class UpdateLoop:
                     self._last_grad_norm = _grad_norm(engine.module)
             engine.step()
 
-    def _train_micro(self, update: UpdateState, micro: MicroBatch,
-                     micro_loss: Callable[[MicroBatch], tuple[torch.Tensor, Any]] | None = None) -> None:
+    def _train_micro(self, update: UpdateState, micro: MicroBatch, micro_loss: MicroLoss | None = None) -> None:
         """Forward, loss and backward of one packed micro-batch, recorded in ``update``."""
         loss, out = micro_loss(micro) if micro_loss is not None else \
             self.micro_loss(micro, update.m, update.totals, update.ref_logp, update.params)
@@ -231,12 +244,15 @@ class UpdateLoop:
         if out is None:
             update.nonfinite = True
         else:
-            self._account(out, micro, update.stats, update.foreign_ratios, update.terms)
+            account(out, micro, update.stats, update.foreign_ratios, update.terms)
         # DeepSpeed averages gradients over data-parallel ranks; the loss denominators are global totals
         self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
 
-    def _finish(self, update: UpdateState, step: int, work: UpdateWork | None) -> tuple[float | None, float]:
-        """Book an update whose optimizer step has run: (gradient norm or None when skipped, learning rate)."""
+    def finish_update(self, update: UpdateState, step: int,
+                      work: UpdateWork | None = None) -> tuple[float | None, float]:
+        """Book an update whose optimizer step has run: its work added to ``work``, the skip counted (a non-finite
+        update) or its loss terms recorded (sums over ranks); returns (gradient norm or None when skipped, learning
+        rate)."""
         self.client_optimizer.skip_next_step = False
         if work is not None:
             work.add(update.work)
@@ -265,17 +281,15 @@ class UpdateLoop:
         """Forward and policy loss of one packed micro-batch of update ``m``: ``(loss, PolicyLossOutput)``, or
         ``(zero-gradient surrogate, None)`` when the log-probs or the loss are not finite (see :func:`.loss_of`)."""
         scored = self.forward(micro, with_entropy=True)
-        out = self._loss_of(micro, scored.logp, scored.entropy, m, totals, ref_logp, params)
+        out = self.loss_of(micro, scored.logp, scored.entropy, m, totals, ref_logp, params)
         return (out.loss, out) if out is not None else (zero_surrogate(scored.logp), None)
 
-    def _loss_of(self, micro: MicroBatch, logp: torch.Tensor, entropy: torch.Tensor | None, m: int,
-                 totals: LossTotals, ref_logp: dict[int, torch.Tensor], params: Any) -> PolicyLossOutput | None:
-        """Every loss call of the update and of the probe: :func:`.loss_of` with this learner's loss."""
+    def loss_of(self, micro: MicroBatch, logp: torch.Tensor, entropy: torch.Tensor | None, m: int,
+                totals: LossTotals, ref_logp: dict[int, torch.Tensor], params: Any) -> PolicyLossOutput | None:
+        """The policy loss of ``micro`` at log-probs ``logp`` at update m (eqs. 10–14 with the KL term), or None
+        when the loss or the log-probs are not finite: :func:`.micro_loss.loss_of` with this learner's loss. Every
+        loss call of the update and of the probe goes through here."""
         return loss_of(self.loss_fn, self.cfg, micro, logp, entropy, m, totals, ref_logp, params)
-
-    def _account(self, out: PolicyLossOutput, micro: MicroBatch, stats: WeightedMeans,
-                 foreign_ratios: list[torch.Tensor], terms: dict[str, float]) -> None:
-        account(out, micro, stats, foreign_ratios, terms)
 
     def _zero_loss(self, share: LearnerBatch) -> torch.Tensor:
         """A zero loss through a forward of one row: zero gradient, the same passes as a real micro-batch."""

@@ -32,11 +32,13 @@ entropy and finiteness.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from openrlhf_hacpo.actors.micro_loss import account
 from openrlhf_hacpo.actors.rank_agreement import agree_on_count
+from openrlhf_hacpo.actors.update_steps import UpdateSteps
 from openrlhf_hacpo.actors.update_work import UpdateWork
 from openrlhf_hacpo.algorithms import LossTotals
 from openrlhf_hacpo.algorithms.losses import PolicyLossInput
@@ -44,9 +46,6 @@ from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.rollout import LearnerBatch, MicroBatch
 from openrlhf_hacpo.utils.padding import micro_batch_groups
 from openrlhf_hacpo.utils.weighted import WeightedMeans
-
-if TYPE_CHECKING:
-    from openrlhf_hacpo.actors.update_loop import UpdateLoop
 
 __all__ = ["ProbeResult", "SKIP_MARGIN", "ZeroGradProbe", "probe_enabled"]
 
@@ -73,9 +72,9 @@ class ProbeResult:
 
 
 class ZeroGradProbe:
-    """The probe of one learner rank; ``loop`` supplies the engine, the loss and the records."""
+    """The probe of one learner rank; ``loop`` (its public steps) supplies the forward, the loss and the settings."""
 
-    def __init__(self, loop: "UpdateLoop") -> None:
+    def __init__(self, loop: UpdateSteps) -> None:
         self.loop = loop
 
     @torch.no_grad()
@@ -106,12 +105,12 @@ class ZeroGradProbe:
             skipped = [j for j, flag in enumerate(has_grad) if not flag]
             if skipped:
                 sub = micro.select(skipped)
-                out = loop._loss_of(sub, scored.logp[skipped], scored.entropy[skipped], m, totals, {}, params)
+                out = loop.loss_of(sub, scored.logp[skipped], scored.entropy[skipped], m, totals, {}, params)
                 if out is None:
                     result.keep += [members[j] for j in skipped]
                     result.finite = False
                 else:
-                    loop._account(out, sub, stats, foreign_ratios, terms)
+                    account(out, sub, stats, foreign_ratios, terms)
         result.keep.sort()
         return result
 

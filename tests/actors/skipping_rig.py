@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from openrlhf_hacpo.actors.deepspeed_setup import SkippableAdamW
-from openrlhf_hacpo.actors.update_loop import SKIP_MARGIN, UpdateLoop
+from openrlhf_hacpo.actors.update_loop import UpdateLoop
+from openrlhf_hacpo.actors.zero_grad_probe import SKIP_MARGIN
 from openrlhf_hacpo.algorithms.config import PolicyLossConfig
 from openrlhf_hacpo.cli.train_hacpo import build_config
 from openrlhf_hacpo.config import TrainConfig
@@ -113,10 +114,12 @@ class GradRecordingEngine(PlainEngine):
         super().step()
 
 
-def make_loop(model: torch.nn.Module, cfg: TrainConfig, lr: float) -> UpdateLoop:
+def make_loop(model: torch.nn.Module, cfg: TrainConfig, lr: float, world_size: int = 1) -> UpdateLoop:
+    """Learner ``a``'s loop as rank 0 of ``world_size`` data-parallel ranks (more than one needs
+    ``torch.distributed.all_reduce`` replaced: there is no process group)."""
     optimizer = SkippableAdamW(model.parameters(), lr=lr)
-    return UpdateLoop(cfg, cfg.resolved_agents()[0], 0, 0, 1, GradRecordingEngine(model, optimizer), optimizer,
-                      Tok(), None, torch.device("cpu"))
+    return UpdateLoop(cfg, cfg.resolved_agents()[0], 0, 0, world_size, GradRecordingEngine(model, optimizer),
+                      optimizer, Tok(), None, torch.device("cpu"))
 
 
 # ------------------------------------------------------------------------------------------------ the reference

@@ -1,4 +1,4 @@
-"""The loss's input rules, checked once per learner batch (``UpdateLoop._check_batch``): which batches are refused
+"""The loss's input rules, checked once per learner batch (``UpdateLoop.check_batch``): which batches are refused
 and what the errors say. Rows are built by hand; nothing runs a forward."""
 from __future__ import annotations
 
@@ -56,14 +56,14 @@ def rows(**change) -> LearnerBatch:
 
 
 def test_a_valid_batch_passes(gspo, hacpo):
-    gspo._check_batch(rows())
-    hacpo._check_batch(rows(foreign=True, coef=[1.0, 1.0, 0.25]))
+    gspo.check_batch(rows())
+    hacpo.check_batch(rows(foreign=True, coef=[1.0, 1.0, 0.25]))
     # per-token values past a row's own response (the padding of a shorter row) are not the loss's
-    gspo._check_batch(rows(row0=dict(old_logp=torch.tensor([-1.0, -2.0, NAN]))))
+    gspo.check_batch(rows(row0=dict(old_logp=torch.tensor([-1.0, -2.0, NAN]))))
     # rows without per-token old log-probs (sequence-level sources) pass as zeros
-    gspo._check_batch(rows(row1=dict(old_logp=None)))
+    gspo.check_batch(rows(row1=dict(old_logp=None)))
     # the extremes that still fit float32
-    gspo._check_batch(rows(advantages=[3e38, -3e38, 0.0], coef=[1e-38, 3e38, 1.0]))
+    gspo.check_batch(rows(advantages=[3e38, -3e38, 0.0], coef=[1e-38, 3e38, 1.0]))
 
 
 @pytest.mark.parametrize("change, message", [
@@ -85,29 +85,29 @@ def test_refused_batches_and_their_messages(gspo, hacpo, change, message):
     for loop in (gspo, hacpo):
         batch = rows(**change)
         if message is None:
-            loop._check_batch(batch)
+            loop.check_batch(batch)
             continue
         with pytest.raises(ValueError) as err:
-            loop._check_batch(batch)
+            loop.check_batch(batch)
         assert str(err.value) == message
 
 
 def test_own_only_losses_refuse_foreign_rows(gspo, hacpo):
     with pytest.raises(ValueError) as err:
-        gspo._check_batch(rows(foreign=True))
+        gspo.check_batch(rows(foreign=True))
     assert str(err.value) == ("policy loss 'gspo' trains on the learner's own rollouts only, got 1 foreign rows "
                               "(use 'hacpo' or 'naive' for shared rollouts)")
-    hacpo._check_batch(rows(foreign=True))
+    hacpo.check_batch(rows(foreign=True))
 
 
 def test_the_rules_come_before_the_own_row_rule(gspo):
     # a foreign row with a bad coefficient: the input rule speaks first, as the loss would check it
     with pytest.raises(ValueError, match=r"^PolicyLossInput\.coef must be > 0"):
-        gspo._check_batch(rows(foreign=True, coef=[1.0, 1.0, 0.0]))
+        gspo.check_batch(rows(foreign=True, coef=[1.0, 1.0, 0.0]))
 
 
 def test_an_unattached_batch_is_refused(gspo):
     batch = rows()
     batch.advantages = None
     with pytest.raises(ValueError, match=r"advantages and coefficients are not attached"):
-        gspo._check_batch(batch)
+        gspo.check_batch(batch)

@@ -55,7 +55,7 @@ def run(backend: str, saving: bool, updates: int, algorithm: str = "hacpo"):
     batch = learner_batch(rows, mean_logps(model))  # own rows: ℓ = 0, their mean from the float64 forward
     trajectories = [SimpleNamespace(source=0 if row.own else 1) for row in rows]
     loop.learner_batch = lambda trajs: batch
-    loop._attach_advantages = lambda view, ratios: view.advantages.float()
+    loop.attach_advantages = lambda view, ratios: view.advantages.float()
     if not saving:
         result = loop.train_step(trajectories, step=1, ratios=None)
         return loop, result, None
@@ -63,10 +63,11 @@ def run(backend: str, saving: bool, updates: int, algorithm: str = "hacpo"):
     for r in batch.rows:
         if r.is_own:  # unscored until phase 1
             r.old_logp_mean = math.nan
-    own = first_update.own_rows_first(loop, trajectories, 1, None)
+    phase = first_update.own_rows_first(loop, trajectories, 1, None)
+    own = phase.old_logps
     for p, values in own.items():
         old_means[p] = math.fsum(values.tolist()) / len(values)
-    return loop, first_update.finish_step(loop, old_means), own
+    return loop, first_update.finish_step(loop, phase, old_means), own
 
 
 @pytest.mark.parametrize("backend, updates, algorithm", [("torch", 1, "hacpo"), ("torch", 3, "gspo")]
@@ -117,3 +118,9 @@ def test_a_policy_with_dropout_is_refused():
     with pytest.raises(ValueError, match="agent 'a': --old_logp_from_update needs a policy without dropout"):
         first_update.check_dropout_free(model, "a")
     first_update.check_dropout_free(make_model(), "a")
+
+
+def test_the_second_phase_needs_the_first():
+    loop = make_loop(make_model(), make_config("torch", True, "clamp", extra=("--old_logp_from_update",)), lr=0.0)
+    with pytest.raises(RuntimeError, match="agent 'a': finish_step without own_rows_first"):
+        first_update.finish_step(loop, None, [])

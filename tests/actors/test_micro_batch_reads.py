@@ -1,7 +1,7 @@
 """A micro-batch of the update, and one of the probe, read the device at most 4 times outside the model's forward.
 
 Every Python-level read of a tensor's values (``item``, ``tolist``, ``cpu``, ``numpy``, ``bool``, ``float``, ``int``)
-is counted while one packed micro-batch goes through forward, loss, records and backward (KL term on, own and
+is counted while one micro-batch is packed and goes through forward, loss, records and backward (KL term on, own and
 foreign rows), and while the probe decides one micro-batch of foreign rows; on a GPU each such read waits for the
 device. Reads inside the forward (``UpdateLoop.forward``: transformers' check of the padding mask, the log-prob
 kernel's label check) are counted apart: they are the model's, the same for every caller.
@@ -60,7 +60,7 @@ def _update(kl: bool):
     loop = make_loop(model, make_config("torch", True, "clamp", micro=6, extra=extra), lr=1e-2)
     batch = learner_batch(ROWS, mean_logps(model))
     ref = {i: torch.full((len(r.response_ids),), -2.0) for i, r in enumerate(batch.rows) if r.is_own} if kl else {}
-    return loop, loop._begin(batch, 0, ref, WeightedMeans(), [])
+    return loop, loop.begin_update(batch, 0, ref, WeightedMeans(), [])
 
 
 def test_an_update_micro_batch_reads_the_device_at_most_four_times(reads):
@@ -68,7 +68,7 @@ def test_an_update_micro_batch_reads_the_device_at_most_four_times(reads):
     micro = update.share.packed(loop.pad_token_id, loop.device, update.ref_logp)
     assert micro.ref_logp is not None and micro.rows == tuple(range(len(ROWS)))
     outside, inside = reads(loop)
-    loop._train_micro(update, micro)
+    loop.backward(update, update.share, boundary=False)
     assert len(outside) <= 4, outside
     assert update.work.rows_backward == len(ROWS) and not update.nonfinite
     assert any(p.grad is not None and float(p.grad.abs().max()) > 0 for p in loop.engine.module.parameters())

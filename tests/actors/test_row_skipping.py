@@ -20,7 +20,7 @@ import torch
 
 from hacpo_kernels.dispatch import interpreter_active
 from hacpo_kernels.hacpo_loss import _hacpo_fwd_kernel
-from openrlhf_hacpo.actors.update_loop import _Work
+from openrlhf_hacpo.actors.update_work import UpdateWork
 from openrlhf_hacpo.utils.weighted import WeightedMeans, merge_weighted
 from skipping_rig import PROMPTS, RESPONSES, Row, learner_batch, make_config, make_loop, make_model, mean_logps, \
     objective64
@@ -39,8 +39,8 @@ def run_updates(backend: str, skip: bool, rule: str, updates: int = 3):
     batch = learner_batch([Row(p, r, own, math.log(s), a) for p, r, own, s, a in ROWS], mean_logps(model))
     states, params, backward_rows = [], [], []
     for m in range(updates):
-        stats, work = WeightedMeans(), _Work()
-        loop._update(batch, m, 1, {}, stats, [], None, work)
+        stats, work = WeightedMeans(), UpdateWork()
+        loop.run_update(batch, m, 1, {}, stats, [], None, work)
         states.append(merge_weighted([stats.state()]))
         params.append(torch.cat([p.detach().flatten().clone() for p in model.parameters()]))
         backward_rows.append(work.rows_backward)
@@ -86,7 +86,7 @@ def test_a_step_counts_skipped_rows_in_its_records():
     batch = learner_batch(rows, mean_logps(model))
     # the step's view and advantages are these rows (building them from trajectories is tested elsewhere)
     loop.learner_batch = lambda trajectories: batch
-    loop._attach_advantages = lambda view, ratios: view.advantages.float()
+    loop.attach_advantages = lambda view, ratios: view.advantages.float()
     metrics = merge_weighted([loop.train_step([], step=1, ratios=None).metrics])
 
     own = [i for i, row in enumerate(STEP_ROWS) if row[2]]

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from hacpo_kernels.dispatch import interpreter_active
 from hacpo_kernels.hacpo_loss import _hacpo_fwd_kernel
-from openrlhf_hacpo.actors.update_loop import SKIP_MARGIN, _Work
+from openrlhf_hacpo.actors.update_work import UpdateWork
+from openrlhf_hacpo.actors.zero_grad_probe import SKIP_MARGIN
 from openrlhf_hacpo.utils.weighted import WeightedMeans, merge_weighted
 from skipping_rig import (PROMPTS, RESPONSES, RULES, Row, edges, expected_backward_rows, has_gradient, lower_bound,
                           learner_batch, make_config, make_loop, make_model, mean_logps, zero_gradient_nearby)
@@ -70,9 +71,9 @@ def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
 
 
-def run_update(loop, batch, m: int) -> tuple[dict, _Work]:
-    stats, work = WeightedMeans(), _Work()
-    loop._update(batch, m, 1, {}, stats, [], None, work)
+def run_update(loop, batch, m: int) -> tuple[dict, UpdateWork]:
+    stats, work = WeightedMeans(), UpdateWork()
+    loop.run_update(batch, m, 1, {}, stats, [], None, work)
     return merge_weighted([stats.state()]), work
 
 

@@ -110,7 +110,7 @@ def run_update(loop, nan_micro: int | None):
     means, ref, _ = reference(loop.engine.module, loop.cfg.temperature)
     stats, ratios = WeightedMeans(), []
     before = {n: p.detach().clone() for n, p in loop.engine.module.named_parameters()}
-    loop._update(batch(means), 0, 1, ref, stats, ratios)
+    loop.run_update(batch(means), 0, 1, ref, stats, ratios)
     moved = max(float((p.detach() - before[n]).abs().max()) for n, p in loop.engine.module.named_parameters())
     return moved, stats.state()
 
@@ -130,3 +130,18 @@ def test_a_finite_update_moves_the_parameters_and_logs_the_summed_loss(loop):
     total, weight = state["loss"]
     assert total / weight == pytest.approx(-ADVANTAGE, abs=1e-5)
     assert state["policy/entropy"][1] == 6.0  # the entropy is averaged over the 6 response tokens
+
+
+def test_the_loop_has_the_public_steps_the_probe_and_the_two_phase_step_use(loop):
+    """:class:`UpdateLoop` implements :class:`~openrlhf_hacpo.actors.update_steps.UpdateSteps`: every attribute,
+    and every method with the protocol's parameters."""
+    import inspect
+
+    from openrlhf_hacpo.actors.update_steps import UpdateSteps
+
+    assert all(hasattr(loop, name) for name in UpdateSteps.__annotations__)
+    methods = {name: f for name, f in vars(UpdateSteps).items() if inspect.isfunction(f) and not name.startswith("_")}
+    assert {"prepare", "begin_update", "rows_to_train", "backward", "finish_update", "loss_of"} <= set(methods)
+    for name, method in methods.items():
+        assert inspect.signature(getattr(UpdateLoop, name)).parameters.keys() == \
+            inspect.signature(method).parameters.keys(), name

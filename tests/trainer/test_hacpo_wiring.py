@@ -36,7 +36,7 @@ def test_advantages_coefficients_and_flags_reaching_the_loss(tmp_path, tiny_agen
     monkeypatch.setattr(CapabilityTracker, "ratio_matrix", lambda self: ratio.clone())
 
     records, views = [], {}
-    original, original_view = UpdateLoop._loss_of, UpdateLoop.learner_batch
+    original, original_view = UpdateLoop.loss_of, UpdateLoop.learner_batch
 
     def view_spy(self, trajectories):
         views[self.agent_index] = original_view(self, trajectories)
@@ -61,7 +61,7 @@ def test_advantages_coefficients_and_flags_reaching_the_loss(tmp_path, tiny_agen
         records.append((self.agent_index, [batch.rows[i] for i in micro.row_index.tolist()], seen[0]))
         return out
 
-    monkeypatch.setattr(UpdateLoop, "_loss_of", spy)
+    monkeypatch.setattr(UpdateLoop, "loss_of", spy)
     monkeypatch.setattr(UpdateLoop, "learner_batch", view_spy)
     agents = [a for name in names for a in ("--agent", f"name={name},pretrain={tiny_agents[name]}")]
     run(base_args(tmp_path, "--no_ray", *agents, "--algorithm", "hacpo", "--train_batch_size", "4",
