@@ -333,9 +333,9 @@ def test_cross_field_rules_stay_with_the_config():
 
 def test_enum_tuples_come_from_the_rollout_layer():
     from openrlhf_hacpo import config
-    from openrlhf_hacpo.rollout import trajectory, views
+    from openrlhf_hacpo.rollout import learner_batch, trajectory
 
-    assert config.MINIBATCH_ORDERS is views.MINIBATCH_ORDERS
+    assert config.MINIBATCH_ORDERS is learner_batch.MINIBATCH_ORDERS
     assert config.EOS_POLICIES is trajectory.EOS_POLICIES
 
 

@@ -9,13 +9,11 @@ from openrlhf_hacpo.rollout.rewards import (
     get_reward_fn,
     register_reward_fn,
 )
+from openrlhf_hacpo.rollout.learner_batch import LearnerBatch, LearnerRow, MicroBatch
 from openrlhf_hacpo.rollout.store import RolloutStore
 from openrlhf_hacpo.rollout.trajectory import Trajectory, apply_eos_policy, make_trajectory
 from openrlhf_hacpo.rollout.views import (
-    LearnerBatch,
-    LearnerRow,
     LearnerViewConfig,
-    MicroBatch,
     build_learner_batch,
     encode_response,
     render_prompt_ids,
