@@ -36,7 +36,7 @@ from hacpo_kernels.dispatch import BACKENDS as KERNEL_BACKENDS
 from openrlhf_hacpo.algorithms import HACPOConfig
 from openrlhf_hacpo.models.logprobs import LOGPROB_PATHS
 from openrlhf_hacpo.rollout.learner_batch import MINIBATCH_ORDERS
-from openrlhf_hacpo.rollout.rewards import reward_spec_problem
+from openrlhf_hacpo.rollout.reward_fns import reward_spec_problem
 from openrlhf_hacpo.rollout.trajectory import EOS_POLICIES
 from openrlhf_hacpo.utils.checks import fail
 from openrlhf_hacpo.utils.options import check_fields, check_only_for, option

@@ -19,7 +19,7 @@ from typing import Sequence
 
 from openrlhf_hacpo.reproduce.evaluate import EvalSettings, evaluate_target, find_targets, load_benchmarks
 from openrlhf_hacpo.reproduce.generation import BACKENDS
-from openrlhf_hacpo.rollout.rewards import reward_spec_problem
+from openrlhf_hacpo.rollout.reward_fns import reward_spec_problem
 
 __all__ = ["build_parser", "parse_sampled", "reward_spec", "main"]
 
@@ -39,7 +39,7 @@ def parse_sampled(items: Sequence[str]) -> dict[str, int]:
 
 def reward_spec(text: str) -> str:
     """The ``--reward_fn`` value when it names a reward function (a registered verifier or ``FILE.py[:FUNCTION]``,
-    see :func:`~openrlhf_hacpo.rollout.rewards.reward_spec_problem`), else the parser's error with the known names."""
+    see :func:`~openrlhf_hacpo.rollout.reward_fns.reward_spec_problem`), else the parser's error with the known names."""
     problem = reward_spec_problem(text)
     if problem:
         raise argparse.ArgumentTypeError(problem)

@@ -208,7 +208,7 @@ def _fit(controller) -> None:
 
 
 def _known_errors() -> tuple[type[BaseException], ...]:
-    from openrlhf_hacpo.rollout.rewards import RewardFunctionError
+    from openrlhf_hacpo.rollout.reward_fns import RewardFunctionError
     from openrlhf_hacpo.trainer.controller import TrainingError
     from openrlhf_hacpo.utils.errors import USER_ERRORS
 

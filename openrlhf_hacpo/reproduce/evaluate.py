@@ -293,7 +293,7 @@ def evaluate_target(target: Target, benchmarks: Sequence[Benchmark], settings: E
     from transformers import AutoTokenizer
 
     from openrlhf_hacpo.reproduce.generation import make_generator
-    from openrlhf_hacpo.rollout.rewards import RewardRunner
+    from openrlhf_hacpo.rollout.reward_runner import RewardRunner
 
     out_dir = Path(output_dir) / target.name
     tokenizer = AutoTokenizer.from_pretrained(target.path)

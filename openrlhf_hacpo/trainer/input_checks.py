@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Sequence
 
-from openrlhf_hacpo.rollout.rewards import RewardFunction, _load_reward_file, _resolve_target
+from openrlhf_hacpo.rollout.reward_fns import RewardFunction, _load_reward_file, _resolve_target
 from openrlhf_hacpo.rollout.views import LearnerViewConfig, render_prompt_text
 
 __all__ = ["check_prompt_format", "check_reward_signature", "count_long_prompts", "drop_long_prompts",

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from openrlhf_hacpo.cli import evaluate
 from openrlhf_hacpo.cli.train_hacpo import _FLAGS, build_config
-from openrlhf_hacpo.rollout.rewards import registered_reward_fns
+from openrlhf_hacpo.rollout.reward_fns import registered_reward_fns
 
 from fuzz_support import fuzz, message_names
 

@@ -15,7 +15,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from openrlhf_hacpo.rollout.rewards import RewardFunctionError, RewardRunner, RewardTimeoutError, get_reward_fn
+from openrlhf_hacpo.rollout.reward_fns import RewardFunctionError, get_reward_fn
+from openrlhf_hacpo.rollout.reward_runner import RewardRunner, RewardTimeoutError
 
 from fuzz_support import fuzz, message_names
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from openrlhf_hacpo.rollout.rewards import RewardRunner, RewardTimeoutError
+from openrlhf_hacpo.rollout.reward_runner import RewardRunner, RewardTimeoutError
 
 from fault_inputs import HANGING_REWARD, write_file
 

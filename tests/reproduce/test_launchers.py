@@ -145,7 +145,7 @@ def test_bad_pair_or_method_is_named(tmp_path, args):
 
 def test_the_reward_fn_help_lists_every_registered_verifier():
     from openrlhf_hacpo.cli.train_hacpo import build_parser
-    from openrlhf_hacpo.rollout.rewards import registered_reward_fns
+    from openrlhf_hacpo.rollout.reward_fns import registered_reward_fns
 
     (action,) = [a for a in build_parser()._actions if "--reward_fn" in a.option_strings]
     assert "boxed_exact" in registered_reward_fns()

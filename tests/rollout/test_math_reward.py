@@ -16,7 +16,8 @@ from openrlhf_hacpo.rollout.math_reward import (
     last_box,
     unwrap_box,
 )
-from openrlhf_hacpo.rollout.rewards import boxed_math, get_reward_fn, registered_reward_fns
+from openrlhf_hacpo.rollout.reward_fns import get_reward_fn, registered_reward_fns
+from openrlhf_hacpo.rollout.verifiers import boxed_math
 
 # (response, label, boxed_exact, boxed_math, why boxed_exact gives its verdict)
 CASES = [

@@ -13,7 +13,8 @@ from openrlhf_hacpo.rollout import (
     get_reward_fn,
     make_trajectory,
 )
-from openrlhf_hacpo.rollout.rewards import last_boxed_content, normalize_answer, register_reward_fn
+from openrlhf_hacpo.rollout.reward_fns import register_reward_fn
+from openrlhf_hacpo.rollout.verifiers import last_boxed_content, normalize_answer
 
 
 # --------------------------------------------------------------------------------------------------- verifiers
