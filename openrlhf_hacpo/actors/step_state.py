@@ -37,9 +37,9 @@ class StepRecords:
         memory, as weighted means."""
         for g in self.grad_norms:
             stats.add("grad_norm", g, 1.0)
-        if self.foreign_ratios:  # median of s over this rank's foreign rows (ranks' medians are averaged)
-            foreign_s = torch.cat(self.foreign_ratios).float().cpu()
-            stats.add("policy/foreign_ratio_median", float(foreign_s.median()), float(foreign_s.numel()))
+        if self.foreign_ratios:  # median of s over this rank's foreign rows (ranks' medians are averaged); one read
+            foreign_s = torch.cat(self.foreign_ratios).float()
+            stats.add("policy/foreign_ratio_median", foreign_s.median().item(), float(foreign_s.numel()))
         stats.add("lr", self.lrs[-1] if self.lrs else 0.0, 1.0)
         self.work.record(stats, world_size)
         if device.type == "cuda":  # this rank's peak so far (ranks' peaks are averaged when merged)

@@ -25,9 +25,10 @@ global mini-batch totals (``LossTotals``), and the row's loss value and metrics 
 probe's log-probs.
 
 The probe packs rows as the update does: ``micro_train_batch_size`` rows per forward, grouped by length
-(``length_grouping``). Each probe micro-batch reads the device four times: the loss's metrics and the gradient
-flags of the three log-ratios (one kernel call on the three stacked), then the loss of the skipped rows and their
-entropy and finiteness.
+(``length_grouping``). Each probe micro-batch reads the device at most three times: the gradient flags of the three
+log-ratios with the finiteness of the log-probs (one loss call on the three stacked, whose metrics are not read),
+then, when it skips rows, their loss's metrics and their entropy and finiteness. A probe reads once more on several
+ranks, to agree on the number of its forwards.
 """
 from __future__ import annotations
 
@@ -128,7 +129,7 @@ class ZeroGradProbe:
                                   old_logp_mean=_tripled(micro.old_logp_mean), is_own=_tripled(micro.is_own),
                                   coef=_tripled(micro.coef), update_index=m, totals=totals)
             out = loop.loss_fn(inp, loop.cfg.algo.loss, backend=loop.cfg.kernel_backend, params=_without_kl(params),
-                               check=False)
+                               check=False, metrics=False)
             (grad,) = torch.autograd.grad(out.loss, probe)
         has_grad = (grad * _tripled(mask) != 0).any(dim=1).view(len(shifts), -1).any(dim=0)
         finite = torch.isfinite(torch.where(mask > 0, logp, torch.zeros_like(logp))).all()

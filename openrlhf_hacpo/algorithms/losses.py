@@ -230,9 +230,11 @@ class PolicyLoss:
         return coef if (self.capability_coef and cfg.capability_coef) else torch.ones_like(coef)
 
     def __call__(self, inp: PolicyLossInput, cfg: PolicyLossConfig, backend: str = "auto", *,
-                 params: LossParams | None = None, check: bool = True) -> PolicyLossOutput:
+                 params: LossParams | None = None, check: bool = True, metrics: bool = True) -> PolicyLossOutput:
         """The loss of one micro-batch. ``params`` (built by :meth:`params`) saves rebuilding them per call;
-        ``check=False`` skips :func:`check_policy_input` (done once per learner batch in training)."""
+        ``check=False`` skips :func:`check_policy_input` (done once per learner batch in training);
+        ``metrics=False`` leaves ``metrics`` and ``weights`` empty and so reads nothing from the device (for a caller
+        that wants the loss's gradient only, as the zero-gradient probe)."""
         if not isinstance(cfg, PolicyLossConfig):
             raise TypeError(f"policy loss {self.name!r} expects a PolicyLossConfig, got {type(cfg).__name__}")
         if check:
@@ -258,6 +260,8 @@ class PolicyLoss:
             old_logp=aligned(inp.old_logp) if params.token_level else None, ref_logp=aligned(inp.ref_logp),
             totals=inp.totals, backend=backend,
         )
+        if not metrics:
+            return PolicyLossOutput(loss=out.loss, objectives=out.objectives, metrics={}, ratios=out.ratios)
         names = list(out.metrics)
         values = torch.cat([torch.stack([out.loss.detach(), out.objectives.mean()] + [out.metrics[k] for k in names]
                                         ).to(torch.float64), out.stats.to(torch.float64)]).tolist()  # one sync
