@@ -55,6 +55,9 @@ __all__ = [
 ROLLOUT_BACKENDS = ("hf", "hf_engine", "vllm")
 ENGINE_BACKENDS = ("hf_engine", "vllm")
 OWN_OLD_LOGPS = ("auto", "behaviour", "recompute")
+MISMATCH_ALARM = 1e-3
+"""``--mismatch_alarm`` of fp32 agents when not given: the measured fp32 gap, about 2e-7 per token (docs/training.md,
+Training-inference mismatch), with a margin of over 1000x. bf16 agents have no default (no measured baseline)."""
 """Rollout backends that generate in engine actors of their own, to which the policy syncs its weights after every
 update (``hf`` generates inside the policy actor)."""
 LR_SCHEDULERS = ("constant", "constant_with_warmup", "cosine", "linear")
@@ -368,6 +371,13 @@ class TrainConfig:
     wandb_run_name: str | None = _outputs(None, help="Weights & Biases run name")
     wandb_mode: str = _outputs("offline", choices=WANDB_MODES, help="Weights & Biases mode")
     progress_bar: bool = _outputs(True, flag="--no_progress_bar", help="no progress bar")
+    mismatch_metrics: bool = _outputs(True, flag="--no_mismatch_metrics", help="skip the engines' log-probs of "
+                                      "the sampled tokens and the mismatch/* metrics (engine vs trainer log-probs, "
+                                      "at --temperature 1; docs/training.md, Training-inference mismatch)")
+    mismatch_alarm: float | None = _outputs(None, ge=0, help="stop the run when an agent's own rollouts show a "
+                                            "mean |logp_train - logp_engine| per token above this: a broken weight "
+                                            "sync (synchronous runs with --mismatch_metrics at --temperature 1; "
+                                            "0: never; default: 1e-3 for fp32 agents, off for bf16 agents)")
 
     # one file, or several separated by commas (reported per data_source)
     eval_data: str | None = _evaluation(None, join=",", metavar="FILE", help="validation prompts (same keys as "

@@ -26,6 +26,7 @@ from openrlhf_hacpo.actors.pending import (AgentPhaseTimeout, AgentWorkerDied, P
                                            is_actor_death, phase_of)
 from openrlhf_hacpo.actors.policy import PolicyWorker
 from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult, WorkerInfo
+from openrlhf_hacpo.actors.scoring import mismatch_sampling
 from openrlhf_hacpo.algorithms import CapabilityRatios
 from openrlhf_hacpo.actors.sharding import reindex, shard_sampling, split_shards
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
@@ -383,6 +384,7 @@ class AgentGroup:
         ``rendered`` (engine backends): the prompts as :meth:`render_for_rollout` rendered them, so that nothing of
         this rollout waits behind work already queued on the policies (``--one_step_off`` queues the rollout behind
         the update: its scoring pass then runs at the updated weights)."""
+        sampling = mismatch_sampling(self.cfg, sampling)  # the engines' log-probs for the mismatch/* metrics
         if self.has_engines:
             return self._rollout_engines(prompts, sampling, step, rendered)
         version = self.policy_version

@@ -24,7 +24,7 @@ from openrlhf_hacpo.actors.deepspeed_setup import build_policy_engine, init_agen
 from openrlhf_hacpo.actors.lora import AdapterDisabledReference
 from openrlhf_hacpo.actors.policy_io import PolicyIO
 from openrlhf_hacpo.actors.results import RankTrainResult, RolloutResult, WorkerInfo, WorkerResources
-from openrlhf_hacpo.actors.scoring import RenderedPrompts, RolloutScorer, view_config
+from openrlhf_hacpo.actors.scoring import RenderedPrompts, RolloutScorer, mismatch_rows, view_config
 from openrlhf_hacpo.actors.sharding import outputs_for_shard
 from openrlhf_hacpo.actors.update_loop import UpdateLoop
 from openrlhf_hacpo.algorithms import CapabilityRatios
@@ -186,7 +186,8 @@ class PolicyWorker:
         positions, tokens = self.scorer.scoring_positions(rendered, outputs)
         return RolloutResult(trajectories=tuple(trajs), timings=timer.seconds,
                              generated_tokens=sum(o.num_tokens for o in outputs),
-                             scoring_positions=positions, scoring_tokens=tokens)
+                             scoring_positions=positions, scoring_tokens=tokens,
+                             mismatch_rows=mismatch_rows(outputs, trajs))
 
     # ------------------------------------------------------------------------------------------------ training
     def train_step(self, trajectories: Sequence[Trajectory], step: int,

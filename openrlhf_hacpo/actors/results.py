@@ -53,6 +53,9 @@ class RolloutResult:
     the engines' responses has no ``generate`` (its agent group measures the engines' generation).
     ``generated_tokens`` counts the sampled response tokens; ``scoring_positions`` / ``scoring_tokens`` the token
     positions the scoring pass computed and the real tokens among them (their ratio gives its padding fraction).
+    ``mismatch_rows``: per own row, its engine-vs-trainer log-prob summary
+    (:func:`~openrlhf_hacpo.algorithms.mismatch.row_summaries`: tokens, Σ|d|, max|d|, Σ k3, Σ d); empty when the
+    engine returned no log-probs or nothing was scored.
     """
 
     trajectories: tuple[Trajectory, ...]
@@ -60,6 +63,7 @@ class RolloutResult:
     generated_tokens: int
     scoring_positions: int = 0
     scoring_tokens: int = 0
+    mismatch_rows: tuple[tuple[float, ...], ...] = ()
 
     @staticmethod
     def combine(parts: Sequence["RolloutResult"]) -> "RolloutResult":
@@ -71,6 +75,7 @@ class RolloutResult:
             generated_tokens=sum(p.generated_tokens for p in parts),
             scoring_positions=sum(p.scoring_positions for p in parts),
             scoring_tokens=sum(p.scoring_tokens for p in parts),
+            mismatch_rows=tuple(r for p in parts for r in p.mismatch_rows),
         )
 
 

@@ -6,18 +6,19 @@ from, left-truncated to ``prompt_max_len``) and as text (what reward functions r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
+from openrlhf_hacpo.algorithms.mismatch import row_summaries_ragged
 from openrlhf_hacpo.config import TrainConfig
-from openrlhf_hacpo.engines.base import GenerationOutput
+from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
 from openrlhf_hacpo.models import score_logprobs
 from openrlhf_hacpo.rollout import LearnerViewConfig, Trajectory, make_trajectory, render_prompt_ids, render_prompt_text
 from openrlhf_hacpo.rollout.views import encode_prompt_text
 from openrlhf_hacpo.utils.padding import micro_batch_groups, packed_positions
 from openrlhf_hacpo.utils.timing import PhaseTimer
 
-__all__ = ["RenderedPrompts", "RolloutScorer", "view_config"]
+__all__ = ["RenderedPrompts", "RolloutScorer", "mismatch_rows", "mismatch_sampling", "view_config"]
 
 
 def view_config(cfg: TrainConfig) -> LearnerViewConfig:
@@ -29,6 +30,27 @@ def view_config(cfg: TrainConfig) -> LearnerViewConfig:
         apply_chat_template=cfg.apply_chat_template,
         enable_thinking=cfg.enable_thinking if cfg.apply_chat_template else None,
     )
+
+
+def mismatch_sampling(cfg: TrainConfig, sampling: SamplingConfig) -> SamplingConfig:
+    """``sampling`` asking the engine for its log-probs of the sampled tokens where the mismatch metrics compare
+    them with the scoring pass (``--mismatch_metrics`` at ``--temperature 1``: the engines' log-probs are
+    temperature-1 ones, the recompute is at the rollout temperature). Same tokens either way: the engines record
+    the log-probs beside sampling without drawing from the random stream."""
+    if cfg.mismatch_metrics and cfg.temperature == 1.0 and not cfg.old_logp_from_update:
+        return replace(sampling, return_logprobs=True)
+    return sampling
+
+
+def mismatch_rows(outputs: Sequence[GenerationOutput], trajectories: Sequence[Trajectory]) -> tuple:
+    """Per own row, the summary of its engine log-probs (``GenerationOutput.logprobs``) against the scoring pass's
+    (``Trajectory.source_logp``) over every sampled token
+    (:func:`~openrlhf_hacpo.algorithms.mismatch.row_summaries`); ``()`` unless every row has both. Read only for
+    metrics: nothing here reaches the loss."""
+    if not outputs or any(o.logprobs is None for o in outputs) or any(not len(t.source_logp) for t in trajectories):
+        return ()
+    rows = row_summaries_ragged([t.source_logp for t in trajectories], [list(o.logprobs) for o in outputs])
+    return tuple(tuple(float(x) for x in row) for row in rows.tolist())
 
 
 @dataclass(frozen=True)

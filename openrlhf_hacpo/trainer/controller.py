@@ -54,6 +54,7 @@ from openrlhf_hacpo.trainer.fs_check import (FS_CHECK_TIMEOUT_S, check_shared_fo
                                              worker_node_ids)
 from openrlhf_hacpo.trainer.fingerprint import config_fingerprint, fingerprint_differences
 from openrlhf_hacpo.trainer.metrics import MetricsLogger
+from openrlhf_hacpo.trainer.mismatch_watch import check_mismatch, mismatch_metrics
 from openrlhf_hacpo.trainer.preflight import (check_node_placement, resolve_attention, resolve_hub_models,
                                               run_gpu_stack_preflight)
 from openrlhf_hacpo.trainer.reward_watch import RewardStallWatcher
@@ -376,6 +377,7 @@ class HACPOController:
             if batch.step != step:
                 raise TrainingError(f"step {step}: the batch in flight was generated for step {batch.step}")
             rollouts, trajectories = batch.rollouts, batch.trajectories
+            check_mismatch(step, rollouts, [g.agent for g in self.groups], cfg)  # a broken weight sync stops here
             self.reward_watch.update(step, [[t.reward for t in trajectories if t.source == k]
                                             for k in range(cfg.num_agents)])
             self.store.add(trajectories)
@@ -408,6 +410,8 @@ class HACPOController:
                                      capability, ratios, rollout, result, phases, sync_s[k],
                                      staleness=[versions[k] - t.policy_version for t in self._rows_of(k, trajectories)])
                    for k, (rollout, result) in enumerate(zip(rollouts, trained))]
+        for record, mismatch in zip(records, mismatch_metrics(rollouts, names, cfg.algo.trains_on_foreign)):
+            record.update(mismatch)
         self.history.append(records)
         return records
 

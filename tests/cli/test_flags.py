@@ -58,6 +58,10 @@ ADDED_FLAGS = {
                     "fingerprinted, as resolved, with one_step_off",
     "vllm_cpu_single_process": "vllm-cpu engines in their actors' processes, off by default: the engines' process "
                                "layout only, not fingerprinted",
+    "no_mismatch_metrics": "the mismatch/* metrics (engine vs trainer log-probs) unless this is given: metrics only, "
+                           "the same tokens and updates, not fingerprinted",
+    "mismatch_alarm": "stops a run whose engines and learner disagree (a broken weight sync): a check only, the same "
+                      "updates while it runs, not fingerprinted",
 }
 """Flags added since the fixture was captured, each with its reason."""
 ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "length_grouping": True,
@@ -66,7 +70,7 @@ ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "leng
                 "adam_offload": False, "param_offload": False, "deepspeed_enable_sleep": False,
                 "ref_reward_offload": False, "gpu_memory_gb": None, "memory_check": True,
                 "old_logp_from_update": False, "one_step_off": False, "own_old_logp": "auto",
-                "vllm_cpu_single_process": False}
+                "vllm_cpu_single_process": False, "mismatch_metrics": True, "mismatch_alarm": None}
 ADDED_AGENT_FIELDS = {"node": None,  # pins an agent to a node (placement only, not fingerprinted)
                       "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "target_modules": None,
                       "adam_offload": None, "param_offload": None, "deepspeed_enable_sleep": None,
