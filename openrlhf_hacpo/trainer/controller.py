@@ -377,7 +377,7 @@ class HACPOController:
             if batch.step != step:
                 raise TrainingError(f"step {step}: the batch in flight was generated for step {batch.step}")
             rollouts, trajectories = batch.rollouts, batch.trajectories
-            check_mismatch(step, rollouts, [g.agent for g in self.groups], cfg)  # a broken weight sync stops here
+            check_mismatch(step, rollouts, cfg.resolved_agents(), cfg)  # a broken weight sync stops here
             self.reward_watch.update(step, [[t.reward for t in trajectories if t.source == k]
                                             for k in range(cfg.num_agents)])
             self.store.add(trajectories)
