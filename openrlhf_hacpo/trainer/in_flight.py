@@ -38,7 +38,8 @@ class GeneratedBatch:
             "phases": dict(self.phases),
             "rollouts": [{"trajectories": [t.to_dict() for t in r.trajectories], "timings": dict(r.timings),
                           "generated_tokens": r.generated_tokens, "scoring_positions": r.scoring_positions,
-                          "scoring_tokens": r.scoring_tokens} for r in self.rollouts],
+                          "scoring_tokens": r.scoring_tokens,
+                          "mismatch_rows": [list(row) for row in r.mismatch_rows]} for r in self.rollouts],
         }
 
     @classmethod
@@ -50,6 +51,12 @@ class GeneratedBatch:
                              f"agents' rollouts, this run has {num_agents} agents")
         results = [RolloutResult(trajectories=tuple(Trajectory.from_dict(t) for t in r["trajectories"]),
                                  timings=dict(r["timings"]), generated_tokens=int(r["generated_tokens"]),
-                                 scoring_positions=int(r["scoring_positions"]), scoring_tokens=int(r["scoring_tokens"]))
+                                 scoring_positions=int(r["scoring_positions"]), scoring_tokens=int(r["scoring_tokens"]),
+                                 mismatch_rows=_rows(r.get("mismatch_rows", ())))
                    for r in rollouts]
         return cls(step=int(state["step"]), rollouts=results, phases=dict(state.get("phases", {})))
+
+
+def _rows(rows: Any) -> tuple[tuple[float, ...], ...]:
+    """The saved ``RolloutResult.mismatch_rows`` (none in a checkpoint written before the mismatch/* metrics)."""
+    return tuple(tuple(float(x) for x in row) for row in rows)

@@ -97,3 +97,13 @@ def test_the_default_threshold_is_the_fp32_one_and_off_for_bf16_agents():
     # a given threshold holds for bf16 agents too
     with pytest.raises(TrainingError):
         check_mismatch(1, [just_above], _agents("x", bf16=True), _cfg(mismatch_alarm=MISMATCH_ALARM))
+
+
+def test_the_batch_in_flight_keeps_its_mismatch_rows_through_a_checkpoint():
+    from openrlhf_hacpo.trainer.in_flight import GeneratedBatch
+
+    a = _rollout([[-1.0, -2.0]], [[-1.0, -2.5]])
+    state = GeneratedBatch(step=2, rollouts=[a]).state_dict()
+    assert GeneratedBatch.from_state(state, 1, "ckpt").rollouts[0].mismatch_rows == a.mismatch_rows
+    del state["rollouts"][0]["mismatch_rows"]  # a checkpoint written before the metrics
+    assert GeneratedBatch.from_state(state, 1, "ckpt").rollouts[0].mismatch_rows == ()
