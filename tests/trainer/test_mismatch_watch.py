@@ -1,6 +1,7 @@
 """The mismatch/* metrics and the broken-sync alarm without actors: the engine's log-probs are requested only where
-they compare with the scoring pass (tests/engines/test_mismatch_logprobs.py: same tokens either way), each own row is summarised against the scoring pass, records get each agent's and each
-source's figures, and the alarm names the agent, the backend and the gap."""
+they compare with the scoring pass (tests/engines/test_mismatch_logprobs.py: same tokens either way), each own row is
+summarised against the scoring pass, records get each agent's and each source's figures, the batch in flight keeps
+its rows through a checkpoint, and the alarm names the agent, the backend and the gap."""
 from __future__ import annotations
 
 import math
@@ -32,7 +33,8 @@ def _out(i, logps, n=1):
 
 def test_rows_compare_the_engine_with_the_scoring_pass():
     outs = [_out(0, [-1.1, -1.8, -0.5]), _out(1, [-2.6])]
-    trajs = [SimpleNamespace(source_logp=torch.tensor([-1.0, -2.0, -0.5])), SimpleNamespace(source_logp=torch.tensor([-3.0]))]
+    trajs = [SimpleNamespace(source_logp=torch.tensor([-1.0, -2.0, -0.5])),
+             SimpleNamespace(source_logp=torch.tensor([-3.0]))]
     rows = mismatch_rows(outs, trajs)
     assert len(rows) == 2 and rows[0][0] == 3 and rows[1][0] == 1
     # float32 trainer values against the engine's: d = (0.1, -0.2, 0, -0.4) up to float32 rounding
