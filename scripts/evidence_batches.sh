@@ -2,7 +2,7 @@
 # The evidence batches of the tiny comparison, each run at one commit from a git worktree pinned to it, so code work
 # on the main checkout goes on beside them (docs/tiny.md, "The evidence at one commit").
 #
-#   bash benchmarks/evidence_batches.sh COMMIT [BATCH ...]     # default: every batch, in priority order
+#   bash scripts/evidence_batches.sh COMMIT [BATCH ...]     # default: every batch, in priority order
 #
 # Batches (benchmarks/compare_tiny.py; 2 runs at a time; each batch continues where it stopped when rerun):
 #   paper-model     preset model, the paper's regime: HACPO, GSPO, GSPO x2, both naives; seeds 0-9
