@@ -82,6 +82,7 @@ from openrlhf_hacpo.utils.atomic import atomic_write_json
 from openrlhf_hacpo.zoo import DEFAULT_PRESET, PRESETS, REGIMES, get_preset, get_regime
 from openrlhf_hacpo.zoo import evidence
 from openrlhf_hacpo.zoo.presets import DEFAULT_REGIME
+from openrlhf_hacpo.zoo.reference import report_stem
 from openrlhf_hacpo.zoo.job import default_runs_dir
 from openrlhf_hacpo.zoo.shipped import agent_folders, agent_records
 from openrlhf_hacpo.zoo.reports import (
@@ -644,10 +645,11 @@ def check_commits(commits: Mapping[str, Mapping[str, list[int]]], allow_mixed: b
     return labels
 
 
-def evidence_report(found: Mapping[str, Mapping[int, Any]], agents: Sequence[str], regime: str) -> dict[str, Any]:
-    """The statistics of the comparisons (module docstring): paired summaries per agent for the main comparisons and
-    the ablations, Holm over the primary ones, each arm's area under the validation curve and runs below start."""
-    finals = {arm: {seed: s["agents"] for seed, s in runs.items()} for arm, runs in found.items()}
+def evidence_report(arms: Mapping[str, Any], found: Mapping[str, Mapping[int, Any]], agents: Sequence[str],
+                    regime: str) -> dict[str, Any]:
+    """The statistics of the comparisons (module docstring): paired summaries per agent of the aggregated ``arms``'
+    differences (:func:`paired_differences`) for the main comparisons and the ablations, Holm over the primary ones,
+    each arm's area under the validation curve and runs below start (from the runs ``found``)."""
     pairs = [p for p in MAIN_COMPARISONS if p[0] in found and p[1] in found]
     pairs += [p for p in PAPER_ORDERINGS if p not in pairs and p[0] in found and p[1] in found]
     pairs += [(n, reference_of(ARMS[n], regime)) for n in found
@@ -655,11 +657,9 @@ def evidence_report(found: Mapping[str, Mapping[int, Any]], agents: Sequence[str
     comparisons: dict[str, dict[str, Any]] = {}
     for a, b in pairs:
         key = f"{a} - {b}"
-        comparisons[key] = {}
-        for agent in agents:
-            seeds = sorted(set(finals[a]) & set(finals[b]))
-            diffs = [finals[a][s][agent]["acc_final"] - finals[b][s][agent]["acc_final"] for s in seeds]
-            comparisons[key][agent] = {"seeds": seeds, "diffs": diffs, **evidence.paired_summary(diffs)}
+        paired = paired_differences(arms[a], arms[b])
+        comparisons[key] = {agent: {"seeds": paired[agent]["seeds"], "diffs": paired[agent]["diffs"],
+                                    **evidence.paired_summary(paired[agent]["diffs"])} for agent in agents}
     family = {f"{agent} | {a} - {b}": comparisons[f"{a} - {b}"][agent]["p_sign_flip"]
               for a, b in PRIMARY_COMPARISONS if f"{a} - {b}" in comparisons for agent in agents
               if comparisons[f"{a} - {b}"][agent]["p_sign_flip"] is not None}
@@ -720,7 +720,7 @@ def build_report(root: Path, preset, steps: int, command: str, lanes: int,
             "regime": regime, "regime_description": get_regime(regime).description,
             "commits": labels, "mixed_commits": len(labels) > 1,
         },
-        "evidence": evidence_report(found, list(preset.agent_names), regime),
+        "evidence": evidence_report(arms, found, list(preset.agent_names), regime),
         "arms": arms,
         "goals": goal_checks(arms),
         "ratio_probe": ratio_probes(root, preset, found, folders),
@@ -881,8 +881,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     regime_tag = "" if args.regime == DEFAULT_REGIME else f"-{args.regime}"
     root = args.runs_dir or (default_runs_dir() / "compare_tiny"
                              / f"{preset.name}-{steps}steps{regime_tag}{'-rebuilt' if args.rebuild else ''}")
-    stem = f"tiny_{preset.name}" if steps == preset.rl.num_steps else f"tiny_{preset.name}_{steps}steps"
-    stem += regime_tag.replace("-", "_")
+    stem = report_stem(preset.name, steps, preset.rl.num_steps, args.regime)
     command = "python benchmarks/compare_tiny.py " + shlex.join(sys.argv[1:] if argv is None else list(argv))
 
     # the committed <stem>.{json,md,png} are replaced only when every run succeeded; otherwise the report of the runs

@@ -46,12 +46,9 @@ FRACTIONS = {"below": "clip_frac_lower", "in": "in_window_frac", "above": "clip_
 
 def quantile(values: Sequence[float], q: float) -> float | None:
     """The q-quantile of ``values`` (linear interpolation between order statistics); ``None`` if empty."""
-    xs = sorted(values)
-    if not xs:
-        return None
-    pos = q * (len(xs) - 1)
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    import numpy as np
+
+    return float(np.quantile(list(values), q)) if len(values) else None
 
 
 def ratio_quantiles(ratios: Sequence[float], window: tuple[float, float] = WINDOW) -> dict[str, Any]:

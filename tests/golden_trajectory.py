@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.regenerate:
         parser.error("nothing to do: pass --regenerate")
     metrics = run_main_job(args.output)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    from openrlhf_hacpo.zoo.job import source_commit
+
+    commit = source_commit()["commit"]
     data = {"command": f"python -m openrlhf_hacpo.cli.tiny run --preset model --algorithm hacpo --seed 0 --steps {STEPS}",
             "commit": commit, "machine": machine(), "tolerance": TOLERANCE, "steps": trajectory(metrics)}
     from openrlhf_hacpo.utils.atomic import atomic_write_text

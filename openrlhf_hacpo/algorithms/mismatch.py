@@ -27,6 +27,8 @@ from typing import Sequence
 
 import torch
 
+from openrlhf_hacpo.utils.padding import pad_values
+
 __all__ = ["MISMATCH_KEYS", "row_summaries", "row_summaries_ragged", "summarize"]
 
 MISMATCH_KEYS = ("mean_abs", "max_abs", "k3_kl", "seq_log_ratio_mean", "seq_log_ratio_std", "ppl_ratio")
@@ -54,11 +56,9 @@ def row_summaries_ragged(train_logps: Sequence[Sequence[float] | torch.Tensor],
     if not rows:
         return torch.zeros(0, 5, dtype=torch.float64)
     width = max(len(a) for a, _ in rows)
-    train = torch.zeros(len(rows), width, dtype=torch.float64)
-    engine = torch.zeros_like(train)
-    mask = torch.zeros(len(rows), width, dtype=torch.bool)
-    for i, (a, b) in enumerate(rows):
-        train[i, :len(a)], engine[i, :len(b)], mask[i, :len(a)] = a, b, True
+    train = pad_values([a for a, _ in rows], width, torch.float64)
+    engine = pad_values([b for _, b in rows], width, torch.float64)
+    mask = torch.arange(width)[None, :] < torch.tensor([len(a) for a, _ in rows])[:, None]
     return row_summaries(train, engine, mask)
 
 

@@ -291,7 +291,8 @@ def trainer_argv(cfg: MainJobConfig, agent_paths: Mapping[str, Path], data: Mapp
         # the warm-up counts optimizer updates, so warmup_steps steps are warmup_steps x updates per step
         "--train_batch_size", str(rows), "--micro_train_batch_size", str(math.gcd(rows, 64)),
         "--actor_learning_rate", str(regime.learning_rate(rl)), "--lr_scheduler", "constant_with_warmup",
-        "--lr_warmup_steps", str(rl.warmup_steps * cfg.updates_per_step), "--adam_betas", str(rl.adam_betas[0]), str(rl.adam_betas[1]),
+        "--lr_warmup_steps", str(rl.warmup_steps * cfg.updates_per_step),
+        "--adam_betas", str(rl.adam_betas[0]), str(rl.adam_betas[1]),
         "--l2", "0", "--max_norm", str(rl.grad_clip),
         "--max_steps", str(cfg.num_steps), "--seed", str(cfg.seed),
         "--eval_data", str(data["eval"]), "--eval_steps", str(cfg.eval_period), "--eval_before_training",

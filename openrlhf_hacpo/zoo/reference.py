@@ -35,6 +35,7 @@ __all__ = [
     "load_reference",
     "prediction_interval",
     "reference_path",
+    "report_stem",
     "student_t_quantile",
 ]
 
@@ -104,18 +105,22 @@ def default_results_dir() -> Path | None:
     return folder if (repo / "setup.py").is_file() and folder.is_dir() else None
 
 
+def report_stem(preset: str, steps: int, default_steps: int, regime: str = DEFAULT_REGIME) -> str:
+    """The name of a comparison report without its suffix: ``tiny_<preset>``, with ``_<steps>steps`` when ``steps``
+    is not the preset's default and ``_<regime>`` for a regime other than the default (``benchmarks/compare_tiny.py``
+    writes it, the main job reads it)."""
+    stem = f"tiny_{preset}" if steps == default_steps else f"tiny_{preset}_{steps}steps"
+    return stem if regime == DEFAULT_REGIME else f"{stem}_{regime}"
+
+
 def reference_path(preset: str, steps: int, default_steps: int, results_dir: str | os.PathLike | None = None,
                    regime: str = DEFAULT_REGIME) -> Path | None:
-    """``tiny_<preset>.json`` (``tiny_<preset>_<steps>steps.json`` when ``steps`` is not the preset's default;
-    ``_<regime>`` appended for a regime other than the default) in ``results_dir`` (default
-    :func:`default_results_dir`); ``None`` without a results folder."""
+    """``<report_stem>.json`` in ``results_dir`` (default :func:`default_results_dir`); ``None`` without a results
+    folder."""
     folder = Path(results_dir) if results_dir is not None else default_results_dir()
     if folder is None:
         return None
-    stem = f"tiny_{preset}" if steps == default_steps else f"tiny_{preset}_{steps}steps"
-    if regime != DEFAULT_REGIME:
-        stem += f"_{regime}"
-    return folder / f"{stem}.json"
+    return folder / f"{report_stem(preset, steps, default_steps, regime)}.json"
 
 
 def load_reference(path: Path | None) -> tuple[dict[str, Any] | None, str | None]:

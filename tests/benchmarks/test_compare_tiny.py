@@ -114,6 +114,12 @@ def test_runs_of_different_commits_are_refused_unless_marked():
             compare.check_commits(compare.run_commits(odd), allow_mixed=False)
 
 
+def _arms(found):
+    """The aggregated arms' final accuracies by seed (what aggregate_arm gives the report) of raw ``found`` runs."""
+    return {arm: {"agents": {"a": {"final_by_seed": {str(seed): r["agents"]["a"]["acc_final"]
+                                                     for seed, r in runs.items()}}}} for arm, runs in found.items()}
+
+
 def test_evidence_report_pairs_by_seed_and_corrects_the_primary_family():
     compare = _compare_module()
 
@@ -124,7 +130,7 @@ def test_evidence_report_pairs_by_seed_and_corrects_the_primary_family():
     found = {"hacpo": runs({s: 0.5 + 0.01 * s for s in range(5)}), "gspo2x": runs({s: 0.4 for s in range(5)}),
              "naive-paper": runs({s: 0.2 for s in range(5)}), "naive-gated": runs({0: 0.6, 1: 0.4, 2: 0.6, 3: 0.4,
                                                                                   4: 0.6})}
-    ev = compare.evidence_report(found, ["a"], "paper")
+    ev = compare.evidence_report(_arms(found), found, ["a"], "paper")
     c = ev["comparisons"]
     assert c["hacpo - gspo2x"]["a"]["diffs"] == pytest.approx([0.1, 0.11, 0.12, 0.13, 0.14])
     assert c["hacpo - gspo2x"]["a"]["p_sign_flip"] == pytest.approx(2 / 32)  # every seed positive, n = 5
@@ -147,7 +153,7 @@ def test_the_paper_orderings_are_judged_on_the_interval():
 
     found = {"hacpo": runs({0: 0.5, 1: 0.6, 2: 0.55}), "gspo": runs({0: 0.4, 1: 0.45, 2: 0.42}),
              "gspo2x": runs({0: 0.6, 1: 0.4, 2: 0.55}), "naive-paper": runs({0: 0.6, 1: 0.7, 2: 0.66})}
-    verdicts = {o["claim"]: o["verdict"] for o in compare.evidence_report(found, ["a"], "paper")["orderings"]}
+    verdicts = {o["claim"]: o["verdict"] for o in compare.evidence_report(_arms(found), found, ["a"], "paper")["orderings"]}
     # hacpo - gspo: +0.10, +0.15, +0.13 (interval above 0); hacpo - gspo2x: -0.1, +0.2, 0 (contains 0);
     # hacpo - naive-paper: -0.1, -0.1, -0.11 (below 0); gspo - naive-paper: -0.2, -0.25, -0.24
     assert verdicts == {"hacpo > gspo": "holds", "hacpo > gspo2x": "not resolved", "hacpo > naive-paper": "reversed",
