@@ -14,8 +14,10 @@
 #
 # The worktree goes to $EVIDENCE_ROOT/worktree-<commit> (default /work/evidence or ./evidence-runs), with its own
 # virtual environment (an editable install imports the code of the checkout it was installed from), and the run
-# folders to $EVIDENCE_ROOT/runs-<commit>. Reports are written into the worktree's benchmarks/results/ and copied
-# beside this script's results folder with the commit in their name when a batch finishes.
+# folders to $EVIDENCE_ROOT/runs-<commit>. Reports go to $EVIDENCE_ROOT/runs-<commit>/results, never into the
+# worktree: a report written over a tracked file would mark every later run of the worktree as a changed checkout
+# (job.source_commit), and compare_tiny would refuse to table them. Copy a finished report into benchmarks/results/
+# of the main checkout by hand.
 set -euo pipefail
 
 [[ $# -ge 1 ]] || { echo "usage: $0 COMMIT [BATCH ...]" >&2; exit 2; }
@@ -35,6 +37,7 @@ if [[ ! -d "$TREE" ]]; then
 fi
 [[ "$(git -C "$TREE" rev-parse HEAD)" == "$COMMIT" ]] || { echo "$0: $TREE is not at $COMMIT" >&2; exit 1; }
 [[ -z "$(git -C "$TREE" status --porcelain --untracked-files=no)" ]] || { echo "$0: $TREE has changes" >&2; exit 1; }
+RESULTS="$RUNS/results"
 HACPO_VENV="$TREE/.venv" bash "$TREE/scripts/install.sh"
 PY="$TREE/.venv/bin/python"
 export HACPO_RUNS_DIR="$RUNS"
@@ -45,8 +48,9 @@ HELD_OUT=10,11,12,13,14,15,16,17,18,19
 MAIN=hacpo,gspo,gspo2x,naive-paper,naive-gated
 run() {  # name, compare_tiny flags
     local name=$1; shift
+    [[ -z "$(git -C "$TREE" status --porcelain --untracked-files=no)" ]] || { echo "$0: $TREE has changes" >&2; exit 1; }
     echo "[evidence $(date +%H:%M:%S)] batch $name at $SHORT: compare_tiny.py $*"
-    (cd "$TREE" && "$PY" benchmarks/compare_tiny.py --jobs 2 "$@") > "$RUNS/$name.log" 2>&1 \
+    (cd "$TREE" && "$PY" benchmarks/compare_tiny.py --jobs 2 --results_dir "$RESULTS" "$@") > "$RUNS/$name.log" 2>&1 \
         && echo "[evidence $(date +%H:%M:%S)] batch $name done" \
         || echo "[evidence $(date +%H:%M:%S)] batch $name FAILED (see $RUNS/$name.log)"
 }
@@ -60,7 +64,7 @@ for batch in "${BATCHES[@]}"; do
                              --seeds "$SEEDS5" ;;
         confirm-model)   run "$batch" --preset model --regime paper --arms "$MAIN" --seeds "$HELD_OUT" \
                              --runs_dir "$RUNS/compare_tiny/model-80steps-paper-heldout" \
-                             --results_dir "$TREE/benchmarks/results/heldout" ;;
+                             --results_dir "$RESULTS/heldout" ;;
         *) echo "$0: unknown batch $batch" >&2; exit 2 ;;
     esac
 done
