@@ -260,6 +260,10 @@ def build_payload(setup: Setup, order: Sequence[tuple[int, str]], root: Path, *,
             ratio = arms[name]["step_s"]["median"] / arms[f"{name}-overlap"]["step_s"]["median"]
             notes.append(f"{ARMS[name].label}, one step off (`--one_step_off`): **{ratio:.3f}×** the steps/s of "
                          f"synchronous steps (median step seconds, same rollout backend).")
+        if name in arms and f"{name}-no-mismatch" in arms:  # the engines' log-probs and the mismatch/* figures
+            cost = arms[name]["step_s"]["median"] / arms[f"{name}-no-mismatch"]["step_s"]["median"] - 1
+            notes.append(f"{ARMS[name].label}, the mismatch metrics' cost (on by default; `--no_mismatch_metrics` "
+                         f"turns them off): **{100 * cost:+.1f}%** of the step (median step seconds, side by side).")
     return {"config": setup.name, "description": setup.description,
             "settings": {"steps": steps, "warmup": warmup, "rounds": rounds},
             "order": [list(o) for o in order], "command": command, "machine": _machine(), "commit": _commit(),

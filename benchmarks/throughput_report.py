@@ -23,10 +23,13 @@ _RATIO_LABELS = {"step_s.median": "step s", "phases.time/rollout_phase": "rollou
                  "peak_rss_gib": "peak RSS", "peak_pss_gib": "peak PSS", "cuda_max_allocated_gib": "GPU max alloc."}
 
 
-def fmt(value: Any, digits: int = 2, suffix: str = "") -> str:
-    """A number with ``digits`` decimals (thousands separated), "–" for ``None``."""
+def fmt(value: Any, digits: int | str = 2, suffix: str = "") -> str:
+    """A number with ``digits`` decimals (thousands separated), or in scientific notation with 3 significant digits
+    when ``digits`` is ``"e"`` (figures far below 1, such as log-prob gaps); "–" for ``None``."""
     if value is None:
         return DASH
+    if digits == "e":
+        return f"{value:.2e}{suffix}"
     return f"{value:,.{digits}f}{suffix}"
 
 
@@ -93,7 +96,9 @@ def format_report(payload: Mapping[str, Any]) -> str:
             agent_keys += [k for k in ag["phases"] if k not in agent_keys]
     extra = [("foreign in window", "policy/foreign_in_window_frac", 3), ("rows/step", "view/num_rows", 0),
              ("rows backward/step", "perf/rows_backward", 1), ("pad. scoring", "perf/pad_frac_scoring", 3),
-             ("pad. probe", "perf/pad_frac_probe", 3), ("pad. update", "perf/pad_frac_update", 3)]
+             ("pad. probe", "perf/pad_frac_probe", 3), ("pad. update", "perf/pad_frac_update", 3),
+             ("mismatch mean abs", "mismatch/mean_abs", "e"), ("mismatch max abs", "mismatch/max_abs", "e"),
+             ("mismatch k3 KL", "mismatch/k3_kl", "e")]
     extra = [e for e in extra if any(ag.get(e[1]) is not None for a in arms.values() for ag in a["agents"].values())]
     lines += ["", "## Per agent (median seconds of each phase; – : not logged by this run)", ""]
     rows = []

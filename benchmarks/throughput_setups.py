@@ -53,13 +53,17 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
       for name, label in (("gspo", "GSPO"), ("naive", "Naive"), ("hacpo", "HACPO"))),
     *(Arm(f"{name}-overlap", f"{label}, one step off", name, flags=("--one_step_off",))
       for name, label in (("gspo", "GSPO"), ("naive", "Naive"), ("hacpo", "HACPO"))),
+    *(Arm(f"{name}-no-mismatch", f"{label}, no mismatch metrics", name, flags=("--no_mismatch_metrics",))
+      for name, label in (("gspo", "GSPO"), ("hacpo", "HACPO"))),
 )}
 BASELINE = "gspo"
 MAIN_ARMS = ("gspo", "gspo2x", "naive", "hacpo")
 OPTIONAL_ARMS = ("gspo-from-update", "naive-from-update", "hacpo-from-update",
-                 "gspo-overlap", "naive-overlap", "hacpo-overlap")
-"""Arms a run takes only when ``--arms`` names them: the main arms with ``--old_logp_from_update``, and with
-``--one_step_off`` (generation overlapped with training). The overlap arms need engine actors: on the tiny presets
+                 "gspo-overlap", "naive-overlap", "hacpo-overlap", "gspo-no-mismatch", "hacpo-no-mismatch")
+"""Arms a run takes only when ``--arms`` names them: the main arms with ``--old_logp_from_update``, with
+``--one_step_off`` (generation overlapped with training), and GSPO and HACPO with ``--no_mismatch_metrics`` (the
+cost of the engines' log-probs and the mismatch/* figures: the step of ``hacpo`` over that of
+``hacpo-no-mismatch``, side by side in one run). The overlap arms need engine actors: on the tiny presets
 and ``smollm2`` (hf rollouts inside the policy by default) give every arm ``-- --rollout_backend hf_engine``, so the
 synchronous arms they are compared with generate in the same engine actors; ``gpu`` uses vLLM engines already."""
 

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 __all__ = [
     "AGENT_PHASES",
     "ARM_RATIO_FIELDS",
+    "MISMATCH_KEYS",
     "STEP_PHASES",
     "agent_phase_keys",
     "arm_ratios",
@@ -52,6 +53,9 @@ AGENT_PHASES = ("time/generate", "time/scoring", "time/logprob", "time/view", "t
 """Per-agent phases in the order they are shown; keys a run does not log are left out or shown as "–"."""
 _NOT_AGENT_PHASES = {"time/step", *STEP_PHASES}
 PAD_KEYS = ("perf/pad_frac_scoring", "perf/pad_frac_probe", "perf/pad_frac_update")
+MISMATCH_KEYS = ("mismatch/mean_abs", "mismatch/max_abs", "mismatch/k3_kl")
+"""The own rows' training-inference mismatch a run logs per agent and step (engine vs trainer log-probs of the
+sampled tokens; :mod:`openrlhf_hacpo.algorithms.mismatch`), shown per agent as means over the measured steps."""
 MEMORY_KEYS = {"perf/cuda_max_allocated_gib": "cuda_max_allocated_gib"}
 """GPU memory a worker logs (GiB, ``torch.cuda.max_memory_allocated`` since it started): max over agents and steps."""
 
@@ -234,8 +238,9 @@ def summarize_arm(runs: Sequence[Sequence[Mapping[str, Any]]], warmup: int) -> d
 
 def summarize_agents(runs: Sequence[Sequence[Mapping[str, Any]]], warmup: int) -> dict[str, dict[str, Any]]:
     """Per agent of one arm: the median of every per-agent ``time/*`` phase (:func:`agent_phase_keys`; ``None``
-    when this arm does not log it), the mean ``policy/foreign_in_window_frac`` and the per-step means of
-    ``perf/rows_backward``, ``perf/pad_frac_scoring`` and ``perf/pad_frac_update`` (``None`` when absent)."""
+    when this arm does not log it), the mean ``policy/foreign_in_window_frac``, the per-step means of
+    ``perf/rows_backward``, ``perf/pad_frac_scoring`` and ``perf/pad_frac_update``, and the means over steps of the
+    own rows' training-inference mismatch (:data:`MISMATCH_KEYS`) (each ``None`` when absent)."""
     by_agent: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for records in runs:
         for recs in steps_of(records, warmup).values():
@@ -247,7 +252,8 @@ def summarize_agents(runs: Sequence[Sequence[Mapping[str, Any]]], warmup: int) -
         for key in agent_phase_keys(recs):
             vals = [_num(r, key) for r in recs]
             entry["phases"][key] = median(vals) if all(v is not None for v in vals) else None
-        for key in ("policy/foreign_in_window_frac", "perf/rows_backward", "view/num_rows", *PAD_KEYS):
+        for key in ("policy/foreign_in_window_frac", "perf/rows_backward", "view/num_rows", *PAD_KEYS,
+                    *MISMATCH_KEYS):
             vals = [_num(r, key) for r in recs]
             entry[key] = _mean_or_none(vals)
         out[agent] = entry

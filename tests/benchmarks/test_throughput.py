@@ -214,6 +214,37 @@ def test_report_from_run_folders(tmp_path):
 
 
 @pytest.mark.integration
+def test_mismatch_columns_and_their_cost_by_hand(tmp_path):
+    """The own rows' mismatch per agent (mean over the measured steps) and the metrics' cost as the step of an arm
+    over that of the same arm with --no_mismatch_metrics, minus 1."""
+    def with_mismatch(records, gaps):
+        for r in records:  # agent a logs gaps[step], agent b ten times that; the warm-up step is dropped
+            scale = 1.0 if r["agent"] == "a" else 10.0
+            r.update({"mismatch/mean_abs": scale * gaps[r["step"]], "mismatch/max_abs": 100 * scale * gaps[r["step"]],
+                      "mismatch/k3_kl": 1e-3 * scale * gaps[r["step"]]})
+        return records
+
+    setup = setups.make_setup("three")
+    order = setups.interleave(["gspo", "hacpo", "hacpo-no-mismatch"], 1)
+    _fake_run(tmp_path, "gspo", 0, gspo_run([9.0, 2.0, 2.0]), rss=2.0)
+    _fake_run(tmp_path, "hacpo", 0, with_mismatch(hacpo_run([9.0, 2.1, 2.1]), {1: 5.0, 2: 1e-7, 3: 3e-7}), rss=3.0)
+    _fake_run(tmp_path, "hacpo-no-mismatch", 0, hacpo_run([9.0, 2.0, 2.0]), rss=3.0)
+    payload = throughput.build_payload(setup, order, tmp_path, steps=3, warmup=1, rounds=1, command="x")
+    agents = payload["arms"]["hacpo"]["agents"]
+    assert agents["a"]["mismatch/mean_abs"] == pytest.approx(2e-7)   # (1e-7 + 3e-7) / 2, step 1 dropped
+    assert agents["b"]["mismatch/max_abs"] == pytest.approx(2e-4)    # 100 * 10 * 2e-7
+    assert agents["a"]["mismatch/k3_kl"] == pytest.approx(2e-10)
+    assert payload["arms"]["hacpo-no-mismatch"]["agents"]["a"]["mismatch/mean_abs"] is None
+    assert ARM_NOTE_COST in " ".join(payload["notes"])               # 2.1 / 2.0 - 1 = +5.0%
+    md = report.format_report(payload)
+    assert "mismatch mean abs" in md and "2.00e-07" in md and "2.00e-04" in md
+    assert setups.ARMS["hacpo-no-mismatch"].flags == ("--no_mismatch_metrics",)
+
+
+ARM_NOTE_COST = "**+5.0%** of the step"
+
+
+@pytest.mark.integration
 def test_time_to_accuracy_from_run_folders(tmp_path):
     setup = setups.make_setup("model")
     # GSPO x2: 1 s per step, evals 0.1 / 0.3 / 0.5 / 0.4 at 0/10/20/30: final = (0.5 + 0.4) / 2 = 0.45, reached at 20
