@@ -50,13 +50,42 @@ Gradient (sequence level): ``\partial loss/\partial\log\pi_{i,t} = -\frac{1}{D}\
 ``\partial obj/\partial\ell = s A\,1[sA \le \mathrm{clip}(s)A]`` (own), ``s\,c^\alpha\omega A\,1[lo \le s \le hi]``
 (foreign), times ``1[\ell`` inside the log-ratio clamp``]``.
 
+Training-inference correction (``rollout_is``, off by default; verl's ``rollout_is`` family). The engine that
+sampled row ``i`` (``\pi_{eng}``, vLLM or an HF engine) and the trainer's old policy (``\pi_{old}``, the scoring
+pass) can differ; a detached weight ``\rho`` multiplies each unit objective, ``o_{i,t} \to \rho\, o_{i,t}``:
+
+* raw weight per row (level ``sequence``; every foreign row whatever the level): the mean over the source's own
+  ``L_j`` tokens, ``w_i = \exp(\overline{\log\pi_{old}}_i - \overline{\log\pi_{eng}}_i)`` from ``old_logp_mean``
+  and ``engine_logp_mean`` (a mean, not a sum: a sum would grow the weight's spread with the length and, once
+  truncated, cut long rows most). Per own token (level ``token``):
+  ``w_{i,t} = \exp(\log\pi_{old}(y_{i,t}) - \log\pi_{eng}(y_{i,t}))`` from ``old_logp`` and ``engine_logp``.
+  Foreign rows have no per-token weight: the learner's tokens are not the source's;
+* ``truncate``: ``\rho = \min(w, C)``; ``mask``: ``\rho = w\,1[C_{low} \le w \le C]`` (``C_{low}`` given, else
+  ``1/C``), ``C`` = ``rollout_is_threshold``;
+* sequence ratios: ``obj_i \to \bar\rho_i\,obj_i`` with ``\bar\rho_i = \rho_i`` (row weight) or
+  ``\frac{1}{L_i}\sum_t mask_{i,t}\rho_{i,t}`` (an own row at level ``token``: the mean of its tokens' weighted
+  objectives, each token's objective being the row's); gradient ``\bar\rho_i`` times the uncorrected one;
+* token ratios: ``o_{i,t} \to \rho_{i,t}\,o_{i,t}`` (own tokens at level ``token``, else ``\rho_i``), gradient per
+  token likewise;
+* normaliser rule: a masked unit contributes 0 and **keeps its place in every denominator** (``D`` = rows or tokens,
+  and ``L_i`` of its row), so the loss is the plain importance-sampling estimate with the masked units' weights set
+  to 0. The denominators are then known before the update (the mini-batch totals of :class:`LossTotals`), micro-batch
+  losses still add up, and a masked foreign row has exactly zero gradient (the zero-gradient probe skips it);
+* the KL term is not corrected.
+
+With the correction off none of this runs (compile-time switches in the kernels, a skipped branch in the twin) and
+the loss is computed as before, to the bit.
+
 Metrics (0-d tensors, no device sync; :data:`METRIC_NAMES`, each averaged with the weight in :data:`METRIC_WEIGHTS`):
 ``own_clip_frac_lower`` / ``own_clip_frac_upper`` (own units with ``s < 1-\epsilon_{low}`` / ``s > 1+\epsilon_{high}``),
 ``foreign_clip_frac_lower`` / ``foreign_clip_frac_upper`` / ``foreign_in_window_frac`` (foreign units with
 ``s < lo`` / ``s > hi`` / inside ``[lo, hi]``), ``own_ratio_mean`` / ``foreign_ratio_mean`` (mean ``s``), and the row
 counts ``num_own`` / ``num_foreign``; ``foreign_pos_*`` the same window fractions among foreign units with
 ``A > 0`` and ``foreign_neg_*`` among those with ``A < 0``; ``pg_loss`` and ``kl`` (the two terms of the loss). A
-unit is a non-empty sequence (sequence level) or a valid token (token level).
+unit is a non-empty sequence (sequence level) or a valid token (token level). With ``rollout_is`` also
+:data:`ROLLOUT_IS_METRIC_NAMES`: ``rollout_is_{own,foreign}_{truncated,masked}_frac`` (share of the correction's
+units truncated / masked) and ``rollout_is_{own,foreign}_weight_mean`` (mean applied weight ``\rho``), own units
+being own tokens (level ``token``) or own rows.
 """
 from __future__ import annotations
 
@@ -68,7 +97,8 @@ from ._utils import FLOAT_DTYPES, cdiv, is_interpreted, next_power_of_2
 from .dispatch import resolve_backend
 from .hacpo_loss_params import (CROSS_CLIP_MODES, FOREIGN_RULES, KL_LOG_RATIO_LIMIT, KL_VALUE_LIMIT,
                                 LOG_RATIO_CLIP_MODES, LOSS_AGGS, METRIC_NAMES, METRIC_WEIGHTS, NUM_STATS, RATIO_LEVELS,
-                                STATS, _RATIO_METRICS, _STAT_INDEX, LossParams, LossTotals, _denominators,
+                                ROLLOUT_IS_LEVELS, ROLLOUT_IS_METRIC_NAMES, ROLLOUT_IS_MODES, STATS, _RATIO_METRICS,
+                                _ROLLOUT_IS_METRICS, _STAT_INDEX, LossParams, LossTotals, _denominators,
                                 check_loss_params, cross_clip_lower_bound, stat)
 from .hacpo_loss_triton import _hacpo_bwd_kernel, _hacpo_fwd_kernel
 from .hacpo_loss_twin import _hacpo_loss_torch
@@ -82,6 +112,9 @@ __all__ = [
     "cross_clip_lower_bound",
     "STATS",
     "METRIC_NAMES",
+    "ROLLOUT_IS_METRIC_NAMES",
+    "ROLLOUT_IS_LEVELS",
+    "ROLLOUT_IS_MODES",
     "LOSS_AGGS",
     "RATIO_LEVELS",
     "LOG_RATIO_CLIP_MODES",
@@ -144,16 +177,17 @@ def _rowwise(x: torch.Tensor | None) -> torch.Tensor | None:
 def _launch_args(params: LossParams) -> tuple[tuple, dict]:
     """The scalar arguments and compile-time switches shared by the forward and backward launches."""
     scalars = (params.eps_low, params.eps_high, params.lo, params.hi, params.cross_clip_dual, params.own_dual,
-               params.alpha, params.clip_val, KL_LOG_RATIO_LIMIT, KL_VALUE_LIMIT)
+               params.alpha, params.clip_val, KL_LOG_RATIO_LIMIT, KL_VALUE_LIMIT, params.is_lo, params.is_hi)
     switches = dict(TOKEN_LEVEL=params.token_level, CLIP_MODE=params.clip_mode, CROSS_CLIP=params.cross_clip,
                     CROSS_MIN=params.cross_min, OWN_DUAL=params.dual_clip_c is not None,
-                    FOREIGN_SELF=params.self_clip)
+                    FOREIGN_SELF=params.self_clip, IS_MODE=params.is_mode, IS_TOKEN=params.is_token)
     return tuple(float(x) for x in scalars), switches
 
 
 class _HacpoLossTriton(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, params, totals):
+    def forward(ctx, logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, engine_logp, engine_mean, params,
+                totals):
         n_rows, n_cols = logp.shape
         dev = logp.device
         block_b, block_t, warps = _tile(False, n_rows, n_cols)
@@ -166,13 +200,16 @@ class _HacpoLossTriton(torch.autograd.Function):
         old_arg = old_logp if old_logp is not None else logp
         ref_arg = ref_logp if ref_logp is not None else logp
         old_mean_arg = old_mean if old_mean is not None else adv
+        eng_arg = engine_logp if engine_logp is not None else logp
+        eng_mean_arg = engine_mean if engine_mean is not None else adv
         scalars, switches = _launch_args(params)
         if n_rows == 0:
             partials.zero_()
         else:
             _hacpo_fwd_kernel[(n_prog,)](
-                logp, mask, old_arg, ref_arg, adv, old_mean_arg, own, coef, obj, ratio, rowg, rowkl, partials,
-                n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0), ref_arg.stride(0), *scalars,
+                logp, mask, old_arg, ref_arg, adv, old_mean_arg, own, coef, eng_arg, eng_mean_arg, obj, ratio, rowg,
+                rowkl, partials, n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0),
+                ref_arg.stride(0), eng_arg.stride(0), *scalars,
                 HAS_KL=ref_logp is not None, TOKEN_MEAN=params.token_mean, NUM_STATS=NUM_STATS, BLOCK_B=block_b,
                 BLOCK_T=block_t, num_warps=warps, **switches,
             )
@@ -181,30 +218,31 @@ class _HacpoLossTriton(torch.autograd.Function):
         pg_loss = -stat(stats, "loss") / denom
         kl = stat(stats, "kl") / kl_denom
         loss = pg_loss + params.kl_coef * kl
-        ctx.save_for_backward(logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, denom, kl_denom)
+        ctx.save_for_backward(logp, mask, old_arg, ref_arg, adv, own, coef, eng_arg, rowg, rowkl, denom, kl_denom)
         ctx.params, ctx.has_kl = params, ref_logp is not None
         ctx.mark_non_differentiable(obj, ratio, stats, pg_loss, kl)
         return loss, obj, ratio, stats, pg_loss, kl
 
     @staticmethod
     def backward(ctx, dloss, *_unused):
-        logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, denom, kl_denom = ctx.saved_tensors
+        logp, mask, old_arg, ref_arg, adv, own, coef, eng_arg, rowg, rowkl, denom, kl_denom = ctx.saved_tensors
         params = ctx.params
         n_rows, n_cols = logp.shape
         grad = torch.empty((n_rows, n_cols), dtype=logp.dtype, device=logp.device)
         if dloss is None:
-            return (grad.zero_(),) + (None,) * 9
+            return (grad.zero_(),) + (None,) * 11
         scales = torch.stack([-dloss / denom, dloss * params.kl_coef / kl_denom]).to(torch.float32)
         block_b, block_t, warps = _tile(True, n_rows, n_cols)
         scalars, switches = _launch_args(params)
         if n_rows and n_cols:
             _hacpo_bwd_kernel[(cdiv(n_rows, block_b), cdiv(n_cols, block_t))](
-                logp, mask, old_arg, ref_arg, adv, own, coef, rowg, rowkl, scales, grad,
+                logp, mask, old_arg, ref_arg, adv, own, coef, eng_arg, rowg, rowkl, scales, grad,
                 n_rows, n_cols, logp.stride(0), mask.stride(0), old_arg.stride(0), ref_arg.stride(0),
-                grad.stride(0), *scalars, HAS_KL=ctx.has_kl, BLOCK_B=block_b, BLOCK_T=block_t, num_warps=warps,
+                eng_arg.stride(0), grad.stride(0), *scalars, HAS_KL=ctx.has_kl, BLOCK_B=block_b, BLOCK_T=block_t,
+                num_warps=warps,
                 **switches,
             )
-        return (grad,) + (None,) * 9
+        return (grad,) + (None,) * 11
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -213,13 +251,14 @@ class _HacpoLossTriton(torch.autograd.Function):
 _metric_weights_cache: dict = {}
 
 
-def _metric_weights(device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """([2, K, S] numerator/denominator weights, [K] denominator offset) on ``device``, built once per device."""
-    key = (str(device), dtype)
+def _metric_weights(device, dtype, table: dict = _RATIO_METRICS) -> tuple[torch.Tensor, torch.Tensor]:
+    """([2, K, S] numerator/denominator weights, [K] denominator offset) of the metrics of ``table`` on ``device``,
+    built once per device."""
+    key = (str(device), dtype, tuple(table))
     if key not in _metric_weights_cache:
-        weights = torch.zeros(2, len(_RATIO_METRICS), NUM_STATS, dtype=dtype)
-        offset = torch.zeros(len(_RATIO_METRICS), dtype=dtype)
-        for k, (numerator, denominator) in enumerate(_RATIO_METRICS.values()):
+        weights = torch.zeros(2, len(table), NUM_STATS, dtype=dtype)
+        offset = torch.zeros(len(table), dtype=dtype)
+        for k, (numerator, denominator) in enumerate(table.values()):
             for stat, w in numerator.items():
                 weights[0, k, _STAT_INDEX[stat]] = w
             if denominator is None:
@@ -230,15 +269,17 @@ def _metric_weights(device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return _metric_weights_cache[key]
 
 
-def _metrics_from_stats(stats: torch.Tensor, pg_loss: torch.Tensor, kl: torch.Tensor) -> dict[str, torch.Tensor]:
-    """All ratio metrics in a few elementwise launches (no matmul: TF32 would round the counters)."""
-    weights, offset = _metric_weights(stats.device, stats.dtype)
-    num_den = (weights * stats).sum(dim=-1)
-    values = num_den[0] / (num_den[1] + offset).clamp(min=1.0)
+def _metrics_from_stats(stats: torch.Tensor, pg_loss: torch.Tensor, kl: torch.Tensor,
+                        rollout_is: bool = False) -> dict[str, torch.Tensor]:
+    """All ratio metrics in a few elementwise launches (no matmul: TF32 would round the counters); the correction's
+    (:data:`ROLLOUT_IS_METRIC_NAMES`) only with ``rollout_is``."""
     metrics = {"pg_loss": pg_loss, "kl": kl}
-    metrics.update({name: values[k] for k, name in enumerate(_RATIO_METRICS)})
+    for table in (_RATIO_METRICS, _ROLLOUT_IS_METRICS) if rollout_is else (_RATIO_METRICS,):
+        weights, offset = _metric_weights(stats.device, stats.dtype, table)
+        num_den = (weights * stats).sum(dim=-1)
+        values = num_den[0] / (num_den[1] + offset).clamp(min=1.0)
+        metrics.update({name: values[k] for k, name in enumerate(table)})
     return metrics
-
 
 
 def _check_tensor(x: torch.Tensor | None, name: str, shape: tuple[int, ...], device) -> None:
@@ -261,6 +302,8 @@ def hacpo_loss(
     *,
     old_logp: torch.Tensor | None = None,
     ref_logp: torch.Tensor | None = None,
+    engine_logp: torch.Tensor | None = None,
+    engine_logp_mean: torch.Tensor | None = None,
     totals: LossTotals | None = None,
     backend: str = "auto",
 ) -> HacpoLossOutput:
@@ -271,15 +314,20 @@ def hacpo_loss(
         logp: ``[B, T]`` current token log-probs of the learner (differentiable).
         mask: ``[B, T]`` bool/int/float, nonzero where a token counts.
         advantages: ``[B]`` capability-aware advantages ``A_i`` (eq. 6).
-        old_logp_mean: ``[B]`` masked mean of the source policy's old log-probs (sequence level; may be ``None``
-            at token level).
+        old_logp_mean: ``[B]`` masked mean of the source policy's old log-probs over the source's own tokens
+            (sequence level and with ``params.rollout_is``; may be ``None`` at token level otherwise).
         is_own: ``[B]`` bool, True where the row was generated by the learner itself.
         coef: ``[B]`` capability coefficient ``omega^(j,k)`` (1 for own rows, eq. 10).
         params: :class:`LossParams` (validated when built; default ``LossParams()``).
-        old_logp: ``[B, T]`` old token log-probs on the same tokens (token level only).
+        old_logp: ``[B, T]`` old token log-probs on the same tokens (token level, or own rows with
+            ``params.rollout_is_level == "token"``).
         ref_logp: ``[B, T]`` reference log-probs of the low-variance (k3) KL on own tokens (weight
             ``params.kl_coef``), ``min(exp(d) - d - 1, 10)`` with ``d = clamp(ref - logp, ±20)``, aggregated like
             the policy term over own rows or own tokens; the metric ``kl`` is reported whenever it is given.
+        engine_logp: ``[B, T]`` the sampling engine's log-probs of own rows' tokens (``params.rollout_is`` at level
+            ``token``; other rows' values are not read).
+        engine_logp_mean: ``[B]`` the source engine's mean log-prob over the source's own tokens
+            (``params.rollout_is``).
         totals: :class:`LossTotals`, the aggregation denominators (mini-batch totals under gradient accumulation).
         backend: ``"auto"`` | ``"triton"`` | ``"torch"``.
 
@@ -303,8 +351,17 @@ def hacpo_loss(
     if token_level:
         if old_logp is None or old_logp.shape != logp.shape or old_logp.device != dev:
             raise ValueError(f"ratio_level='token' needs old_logp of shape {tuple(logp.shape)} on {dev}")
-    else:
+    if not token_level or params.rollout_is:
         _check_tensor(old_logp_mean, "old_logp_mean", (n_rows,), dev)
+    if params.rollout_is:
+        if engine_logp_mean is None:
+            raise ValueError("rollout_is needs engine_logp_mean [B], the sampling engine's mean log-prob per row")
+        _check_tensor(engine_logp_mean, "engine_logp_mean", (n_rows,), dev)
+    if params.is_token:
+        for name, value in (("engine_logp", engine_logp), ("old_logp", old_logp)):
+            if value is None:
+                raise ValueError(f"rollout_is_level='token' needs {name} [B, T] on own rows' tokens")
+            _check_tensor(value, name, (n_rows, n_cols), dev)
     if params.kl_coef > 0 and ref_logp is None:
         raise ValueError(f"kl_coef = {params.kl_coef} > 0 needs ref_logp [B, T]")
     if ref_logp is not None:
@@ -316,13 +373,17 @@ def hacpo_loss(
             raise ValueError(f"logp dtype {logp.dtype} is not supported by the triton backend (use one of "
                              f"{FLOAT_DTYPES}, or backend='auto'/'torch', which computes float64 on the twin)")
         loss, obj, ratio, stats, pg_loss, kl = _HacpoLossTriton.apply(
-            _rowwise(logp), _rowwise(mask), _rowwise(old_logp) if token_level else None, _rowwise(ref_logp),
-            advantages.contiguous(), old_logp_mean.contiguous() if not token_level else None,
-            _as_loadable(is_own).contiguous(), coef.contiguous(), params, totals,
+            _rowwise(logp), _rowwise(mask), _rowwise(old_logp) if token_level or params.is_token else None,
+            _rowwise(ref_logp), advantages.contiguous(),
+            old_logp_mean.contiguous() if not token_level or params.rollout_is else None,
+            _as_loadable(is_own).contiguous(), coef.contiguous(), _rowwise(engine_logp) if params.is_token else None,
+            engine_logp_mean.contiguous() if params.rollout_is else None, params, totals,
         )
         if token_level:
             ratio = None
     else:
-        loss, obj, ratio, stats, pg_loss, kl = _hacpo_loss_torch(logp, mask, old_logp, ref_logp, advantages,
-                                                                 old_logp_mean, is_own, coef, params, totals)
-    return HacpoLossOutput(loss, obj, ratio, _metrics_from_stats(stats, pg_loss, kl), stats)
+        loss, obj, ratio, stats, pg_loss, kl = _hacpo_loss_torch(
+            logp, mask, old_logp, ref_logp, advantages, old_logp_mean, is_own, coef, params, totals,
+            engine_logp=engine_logp if params.is_token else None,
+            engine_mean=engine_logp_mean if params.rollout_is else None)
+    return HacpoLossOutput(loss, obj, ratio, _metrics_from_stats(stats, pg_loss, kl, params.rollout_is), stats)

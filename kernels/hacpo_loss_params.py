@@ -18,6 +18,11 @@ LOG_RATIO_CLIP_MODES = ("symmetric", "upper")
 CROSS_CLIP_MODES = ("clamp", "pessimistic")
 FOREIGN_RULES = ("cross", "self_clip")
 """How foreign rows are trained: ``cross`` (HACPO, eqs. 10-14) or ``self_clip`` (Naive: the own-row GSPO clip)."""
+ROLLOUT_IS_LEVELS = ("token", "sequence")
+"""Where the training-inference correction weight is taken: per own token, or per row (the mean over the source's
+tokens; foreign rows are always corrected per row)."""
+ROLLOUT_IS_MODES = ("truncate", "mask")
+"""What the correction does with a weight outside its bounds: truncate it to the upper bound, or drop the unit."""
 
 KL_LOG_RATIO_LIMIT = 20.0
 """The k3 KL clamps ref_logp - logp to +-20 before exponentiating, so fp32 never overflows (verl ``low_var_kl``)."""
@@ -46,13 +51,24 @@ STATS = (
     "fneg_units",      # foreign units with A < 0
     "fneg_below",
     "fneg_above",
+    # training-inference correction (rollout_is; all 0 when it is off): units are own tokens (level "token") or own
+    # rows, and foreign rows
+    "is_own_units",
+    "is_own_truncated",  # w > C (truncate)
+    "is_own_masked",     # w outside [C_low, C] (mask)
+    "is_own_weight",     # sum of the applied weights rho
+    "is_foreign_units",
+    "is_foreign_truncated",
+    "is_foreign_masked",
+    "is_foreign_weight",
 )
 """The per-program partial sums, in storage order: the Triton kernel stores ``S_<NAME>`` offsets, the twin stacks a
 dict in this order, and :data:`_RATIO_METRICS` reads them by name."""
 (S_LOSS, S_ROWS, S_TOKENS, S_OWN_UNITS, S_OWN_BELOW, S_OWN_ABOVE, S_OWN_RATIO, S_FOREIGN_UNITS, S_FOREIGN_BELOW,
  S_FOREIGN_ABOVE, S_FOREIGN_RATIO, S_OWN_ROWS, S_FOREIGN_ROWS, S_KL, S_OWN_TOKENS, S_FPOS_UNITS, S_FPOS_BELOW,
- S_FPOS_ABOVE, S_FNEG_UNITS, S_FNEG_BELOW, S_FNEG_ABOVE) = (tl.constexpr(i) if HAS_TRITON else i
-                                                           for i in range(len(STATS)))
+ S_FPOS_ABOVE, S_FNEG_UNITS, S_FNEG_BELOW, S_FNEG_ABOVE, S_IS_OWN_UNITS, S_IS_OWN_TRUNCATED, S_IS_OWN_MASKED,
+ S_IS_OWN_WEIGHT, S_IS_FOREIGN_UNITS, S_IS_FOREIGN_TRUNCATED, S_IS_FOREIGN_MASKED,
+ S_IS_FOREIGN_WEIGHT) = (tl.constexpr(i) if HAS_TRITON else i for i in range(len(STATS)))
 NUM_STATS = len(STATS)
 _STAT_INDEX = {name: i for i, name in enumerate(STATS)}
 
@@ -80,6 +96,22 @@ _RATIO_METRICS = {
 METRIC_NAMES = ("pg_loss", "kl") + tuple(_RATIO_METRICS)
 """The metrics :func:`hacpo_loss` returns: the two loss terms and the ratio metrics above."""
 
+_ROLLOUT_IS_METRICS = {
+    "rollout_is_own_truncated_frac": ({"is_own_truncated": 1}, "is_own_units"),
+    "rollout_is_own_masked_frac": ({"is_own_masked": 1}, "is_own_units"),
+    "rollout_is_own_weight_mean": ({"is_own_weight": 1}, "is_own_units"),
+    "rollout_is_foreign_truncated_frac": ({"is_foreign_truncated": 1}, "is_foreign_units"),
+    "rollout_is_foreign_masked_frac": ({"is_foreign_masked": 1}, "is_foreign_units"),
+    "rollout_is_foreign_weight_mean": ({"is_foreign_weight": 1}, "is_foreign_units"),
+}
+"""The training-inference correction's metrics, read like :data:`_RATIO_METRICS`: the share of its units whose
+weight was truncated / masked, and the mean applied weight rho (0 for a masked unit). Units: own tokens (level
+``token``) or own rows, and foreign rows."""
+
+ROLLOUT_IS_METRIC_NAMES = tuple(_ROLLOUT_IS_METRICS)
+"""The metrics :func:`hacpo_loss` adds to :data:`METRIC_NAMES` when ``LossParams.rollout_is`` is on (absent when it
+is off, so a run without the correction logs what it logged before)."""
+
 METRIC_WEIGHTS = {
     "own_clip_frac_lower": "own_rows",
     "own_clip_frac_upper": "own_rows",
@@ -94,6 +126,12 @@ METRIC_WEIGHTS = {
     "foreign_neg_in_window_frac": "fneg_units",
     "own_ratio_mean": "own_rows",
     "foreign_ratio_mean": "foreign_rows",
+    "rollout_is_own_truncated_frac": "is_own_units",
+    "rollout_is_own_masked_frac": "is_own_units",
+    "rollout_is_own_weight_mean": "is_own_units",
+    "rollout_is_foreign_truncated_frac": "is_foreign_units",
+    "rollout_is_foreign_masked_frac": "is_foreign_units",
+    "rollout_is_foreign_weight_mean": "is_foreign_units",
 }
 """The counter of :data:`STATS` each ratio metric is weighted by when micro-batch values are averaged. The loss terms
 ``pg_loss`` and ``kl`` are not averaged: each call's value is its share of the mini-batch's term (the denominators
@@ -171,6 +209,40 @@ def check_loss_params(values: Mapping[str, Any], owner: str = "LossParams", name
     _choice(name("ratio_level"), v["ratio_level"], RATIO_LEVELS)
     _choice(name("loss_agg"), v["loss_agg"], LOSS_AGGS)
     _choice(name("foreign_rule"), v["foreign_rule"], FOREIGN_RULES)
+    _check_rollout_is(v, name)
+
+
+_ROLLOUT_IS_DEFAULTS = {"rollout_is_level": "sequence", "rollout_is_mode": "truncate", "rollout_is_threshold": 2.0,
+                        "rollout_is_threshold_lower": None}
+
+
+def _check_rollout_is(v: Mapping[str, Any], name) -> None:
+    """The training-inference correction's rules: its settings need it on; the upper bound C >= 1 (a weight of 1,
+    no mismatch, is never cut); the lower bound (mask only) in (0, 1], below C."""
+    if not isinstance(v["rollout_is"], bool):
+        _fail(name("rollout_is"), "a bool", v["rollout_is"])
+    _choice(name("rollout_is_level"), v["rollout_is_level"], ROLLOUT_IS_LEVELS)
+    _choice(name("rollout_is_mode"), v["rollout_is_mode"], ROLLOUT_IS_MODES)
+    _real(name("rollout_is_threshold"), v["rollout_is_threshold"], minimum=1.0)
+    lower = v["rollout_is_threshold_lower"]
+    if lower is not None:
+        _real(name("rollout_is_threshold_lower"), lower)
+        if not 0.0 < lower <= 1.0:
+            _fail(name("rollout_is_threshold_lower"), "in (0, 1] or None", lower)
+        if not lower < v["rollout_is_threshold"]:
+            _fail(name("rollout_is_threshold_lower"), f"< rollout_is_threshold ({v['rollout_is_threshold']:g})",
+                  lower)
+        if v["rollout_is_mode"] != "mask":
+            raise ValueError(f"{name('rollout_is_threshold_lower')} = {lower!r} is a bound of the mask mode, but "
+                             f"{name('rollout_is_mode')} is {v['rollout_is_mode']!r} (truncate has no lower bound)")
+    elif v["rollout_is_mode"] == "mask" and not v["rollout_is_threshold"] > 1.0:
+        _fail(name("rollout_is_threshold"), "> 1 in mask mode without a lower bound (the window [1/C, C] is a point)",
+              v["rollout_is_threshold"])
+    if not v["rollout_is"]:
+        for field, default in _ROLLOUT_IS_DEFAULTS.items():
+            if v[field] != default:
+                raise ValueError(f"{name(field)} = {v[field]!r} sets the training-inference correction, which is "
+                                 f"off: turn it on with {name('rollout_is')}")
 
 
 @dataclass(frozen=True)
@@ -189,6 +261,11 @@ class LossParams:
     * ``dual_clip_c``: dual clip of the own-row rule, ``max(min(wA, clip(w)A), c A)`` for ``A < 0`` (verl's
       ``clip_ratio_c``; the ``grpo`` loss), ``None`` for none; must exceed ``1 + eps_high``.
     * ``log_ratio_clip`` (``None``: none) and ``log_ratio_clip_mode``; ``ratio_level``; ``loss_agg``; ``kl_coef``.
+    * ``rollout_is`` (off by default): the training-inference correction (module docstring of
+      :mod:`hacpo_kernels.hacpo_loss`, "Training-inference correction"): ``rollout_is_level`` (``token`` | ``sequence``,
+      own rows; foreign rows always ``sequence``), ``rollout_is_mode`` (``truncate`` | ``mask``),
+      ``rollout_is_threshold`` (the upper bound C >= 1) and ``rollout_is_threshold_lower`` (mask only; ``None``:
+      1 / C). Each needs ``rollout_is``.
     """
 
     eps_low: float = 3e-4
@@ -209,6 +286,11 @@ class LossParams:
     ratio_level: str = "sequence"
     loss_agg: str = "seq-mean-token-mean"
     kl_coef: float = 0.0
+    rollout_is: bool = False
+    rollout_is_level: str = "sequence"
+    rollout_is_mode: str = "truncate"
+    rollout_is_threshold: float = 2.0
+    rollout_is_threshold_lower: float | None = None
 
     def __post_init__(self) -> None:
         check_loss_params(vars(self))
@@ -255,6 +337,31 @@ class LossParams:
     @property
     def own_dual(self) -> float:
         return float(self.dual_clip_c) if self.dual_clip_c is not None else 0.0
+
+    @property
+    def is_mode(self) -> int:
+        """The correction's launch switch: 0 off, 1 truncate, 2 mask."""
+        if not self.rollout_is:
+            return 0
+        return 1 if self.rollout_is_mode == "truncate" else 2
+
+    @property
+    def is_token(self) -> bool:
+        """Whether own rows take per-token correction weights (they need ``old_logp`` and ``engine_logp`` [B, T])."""
+        return self.rollout_is and self.rollout_is_level == "token"
+
+    @property
+    def is_hi(self) -> float:
+        """The correction's upper bound C."""
+        return float(self.rollout_is_threshold)
+
+    @property
+    def is_lo(self) -> float:
+        """The mask mode's lower bound C_low (``rollout_is_threshold_lower``, else 1 / C); 0 in truncate mode."""
+        if self.rollout_is_mode != "mask":
+            return 0.0
+        lower = self.rollout_is_threshold_lower
+        return float(lower) if lower is not None else 1.0 / float(self.rollout_is_threshold)
 
 
 @dataclass(frozen=True)

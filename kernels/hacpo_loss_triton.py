@@ -6,7 +6,9 @@ from ._utils import tl, triton
 from .hacpo_loss_params import (S_FNEG_ABOVE, S_FNEG_BELOW, S_FNEG_UNITS, S_FOREIGN_ABOVE, S_FOREIGN_BELOW,
                                 S_FOREIGN_RATIO, S_FOREIGN_ROWS, S_FOREIGN_UNITS, S_FPOS_ABOVE, S_FPOS_BELOW,
                                 S_FPOS_UNITS, S_KL, S_LOSS, S_OWN_ABOVE, S_OWN_BELOW, S_OWN_RATIO, S_OWN_ROWS,
-                                S_OWN_TOKENS, S_OWN_UNITS, S_ROWS, S_TOKENS)
+                                S_OWN_TOKENS, S_OWN_UNITS, S_ROWS, S_TOKENS, S_IS_OWN_UNITS, S_IS_OWN_TRUNCATED,
+                                S_IS_OWN_MASKED, S_IS_OWN_WEIGHT, S_IS_FOREIGN_UNITS, S_IS_FOREIGN_TRUNCATED,
+                                S_IS_FOREIGN_MASKED, S_IS_FOREIGN_WEIGHT)
 
 
 @triton.jit
@@ -72,16 +74,39 @@ def _k3(lp, ref, kl_limit, kl_max):
 
 
 @triton.jit
+def _rollout_is_weight(w, is_lo, is_hi, IS_MODE: tl.constexpr):
+    """Training-inference correction of raw weights ``w``: (applied weight rho, 1.0 where truncated, 1.0 where
+    masked). Truncate (``IS_MODE`` 1): ``rho = min(w, C)``; mask (2): ``rho = w`` inside ``[C_low, C]``, else 0."""
+    if IS_MODE == 1:
+        rho = tl.minimum(w, is_hi)
+        truncated = (w > is_hi).to(tl.float32)
+        masked = truncated * 0.0
+    else:
+        keep = (w >= is_lo) & (w <= is_hi)
+        rho = tl.where(keep, w, 0.0)
+        masked = 1.0 - keep.to(tl.float32)
+        truncated = masked * 0.0
+    return rho, truncated, masked
+
+
+@triton.jit
 def _hacpo_fwd_kernel(
-    logp_ptr, mask_ptr, old_ptr, ref_ptr, adv_ptr, old_mean_ptr, own_ptr, coef_ptr,
+    logp_ptr, mask_ptr, old_ptr, ref_ptr, adv_ptr, old_mean_ptr, own_ptr, coef_ptr, eng_ptr, eng_mean_ptr,
     obj_ptr, ratio_ptr, rowg_ptr, rowkl_ptr, partial_ptr,
-    n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_ref,
+    n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_ref, stride_eng,
     eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, own_dual_arg, alpha_arg, clip_arg, kl_limit_arg, kl_max_arg,
+    is_lo_arg, is_hi_arg,
     TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, CROSS_MIN: tl.constexpr,
     OWN_DUAL: tl.constexpr, FOREIGN_SELF: tl.constexpr, HAS_KL: tl.constexpr, TOKEN_MEAN: tl.constexpr,
-    NUM_STATS: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
+    IS_MODE: tl.constexpr, IS_TOKEN: tl.constexpr, NUM_STATS: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_T: tl.constexpr,
 ):
-    """BLOCK_B rows per program: masked sums over T tiles, per-row objective and gradient factors, partial sums."""
+    """BLOCK_B rows per program: masked sums over T tiles, per-row objective and gradient factors, partial sums.
+
+    With the training-inference correction (``IS_MODE`` 1 truncate, 2 mask) each unit objective is multiplied by its
+    weight rho: per row ``w = exp(old_mean - eng_mean)``; per own token (``IS_TOKEN``) ``w = exp(old - eng)``, a
+    sequence-ratio row taking the mean of its tokens' rho. The row gradient factor carries rho too (at token level
+    the backward recomputes the per-token rho of own rows)."""
     pid = tl.program_id(0)
     eps_low = tl.cast(eps_low_arg, tl.float32)
     eps_high = tl.cast(eps_high_arg, tl.float32)
@@ -105,6 +130,15 @@ def _hacpo_fwd_kernel(
     else:
         self_rule = own
     cols = tl.arange(0, BLOCK_T)
+    if IS_MODE != 0:
+        is_lo = tl.cast(is_lo_arg, tl.float32)
+        is_hi = tl.cast(is_hi_arg, tl.float32)
+        is_old_mean = tl.load(old_mean_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
+        eng_mean = tl.load(eng_mean_ptr + rows64, mask=row_ok, other=0.0).to(tl.float32)
+        rho_seq, trunc_seq, masked_seq = _rollout_is_weight(tl.exp(is_old_mean - eng_mean), is_lo, is_hi, IS_MODE)
+    is_rho_sum = tl.zeros([BLOCK_B], dtype=tl.float32)  # own tokens' rho (IS_TOKEN)
+    is_trunc_sum = tl.zeros([BLOCK_B], dtype=tl.float32)
+    is_masked_sum = tl.zeros([BLOCK_B], dtype=tl.float32)
 
     count = tl.zeros([BLOCK_B], dtype=tl.float32)
     acc = tl.zeros([BLOCK_B], dtype=tl.float32)  # sum of logp (sequence level) or of token objectives (token level)
@@ -132,6 +166,18 @@ def _hacpo_fwd_kernel(
             s = tl.exp(ell)
             obj_t, _d = _objective(s, adv[:, None], self_rule[:, None], coef[:, None], eps_low, eps_high, lo, hi,
                                    dual, own_dual, alpha, CROSS_CLIP, CROSS_MIN, OWN_DUAL)
+            if IS_MODE != 0:
+                if IS_TOKEN:
+                    own_w = valid & own[:, None]
+                    eng = tl.load(eng_ptr + rows64[:, None] * stride_eng + t[None, :], mask=own_w, other=0.0)
+                    rho_t, trunc_t, masked_t = _rollout_is_weight(tl.exp(tl.where(own_w, old - eng.to(tl.float32),
+                                                                                   0.0)), is_lo, is_hi, IS_MODE)
+                    is_rho_sum += tl.sum(tl.where(own_w, rho_t, 0.0), axis=1)
+                    is_trunc_sum += tl.sum(tl.where(own_w, trunc_t, 0.0), axis=1)
+                    is_masked_sum += tl.sum(tl.where(own_w, masked_t, 0.0), axis=1)
+                    obj_t = obj_t * tl.where(own[:, None], rho_t, rho_seq[:, None])
+                else:
+                    obj_t = obj_t * rho_seq[:, None]
             acc += tl.sum(tl.where(valid, obj_t, 0.0), axis=1)
             own_t = valid & own[:, None]
             for_t = valid & (own[:, None] == 0)
@@ -142,6 +188,15 @@ def _hacpo_fwd_kernel(
             ratio_sum += tl.sum(tl.where(valid, s, 0.0), axis=1)
         else:
             acc += tl.sum(lp, axis=1)
+            if IS_TOKEN:
+                own_w = valid & own[:, None]
+                old = tl.load(old_ptr + rows64[:, None] * stride_old + t[None, :], mask=own_w, other=0.0)
+                eng = tl.load(eng_ptr + rows64[:, None] * stride_eng + t[None, :], mask=own_w, other=0.0)
+                rho_t, trunc_t, masked_t = _rollout_is_weight(
+                    tl.exp(tl.where(own_w, old.to(tl.float32) - eng.to(tl.float32), 0.0)), is_lo, is_hi, IS_MODE)
+                is_rho_sum += tl.sum(tl.where(own_w, rho_t, 0.0), axis=1)
+                is_trunc_sum += tl.sum(tl.where(own_w, trunc_t, 0.0), axis=1)
+                is_masked_sum += tl.sum(tl.where(own_w, masked_t, 0.0), axis=1)
 
     nonempty = count > 0.0
     safe_count = tl.maximum(count, 1.0)
@@ -153,6 +208,11 @@ def _hacpo_fwd_kernel(
         else:
             loss_part = obj
             rowg = tl.where(nonempty, 1.0 / safe_count, 0.0)
+        if IS_MODE != 0:  # rows corrected per row carry rho in their factor; own rows per token get it in backward
+            if IS_TOKEN:
+                rowg = rowg * tl.where(own, 1.0, rho_seq)
+            else:
+                rowg = rowg * rho_seq
         own_units = tl.where(own, count, 0.0)
         for_units = tl.where(own, 0.0, count)
         own_ratio = tl.where(own, ratio_sum, 0.0)
@@ -163,6 +223,13 @@ def _hacpo_fwd_kernel(
         s = tl.exp(ell)
         obj, dobj = _objective(s, adv, self_rule, coef, eps_low, eps_high, lo, hi, dual, own_dual, alpha,
                                CROSS_CLIP, CROSS_MIN, OWN_DUAL)
+        if IS_MODE != 0:
+            if IS_TOKEN:
+                rho_row = tl.where(own, is_rho_sum / safe_count, rho_seq)
+            else:
+                rho_row = rho_seq
+            obj = obj * rho_row
+            dobj = dobj * rho_row
         obj = tl.where(nonempty, obj, 0.0)
         tl.store(ratio_ptr + rows64, tl.where(nonempty, s, 0.0), mask=row_ok)
         if TOKEN_MEAN:
@@ -219,19 +286,51 @@ def _hacpo_fwd_kernel(
     tl.store(base + S_FNEG_UNITS, tl.sum(tl.where(negative, for_units, 0.0), axis=0))
     tl.store(base + S_FNEG_BELOW, tl.sum(tl.where(negative, for_below, 0.0), axis=0))
     tl.store(base + S_FNEG_ABOVE, tl.sum(tl.where(negative, for_above, 0.0), axis=0))
+    if IS_MODE != 0:
+        is_for = nonempty & (own == 0)
+        if IS_TOKEN:
+            is_own_units = tl.where(own, count, 0.0)
+            is_own_trunc = is_trunc_sum
+            is_own_masked = is_masked_sum
+            is_own_weight = is_rho_sum
+        else:
+            is_own = nonempty & own
+            is_own_units = is_own.to(tl.float32)
+            is_own_trunc = tl.where(is_own, trunc_seq, 0.0)
+            is_own_masked = tl.where(is_own, masked_seq, 0.0)
+            is_own_weight = tl.where(is_own, rho_seq, 0.0)
+        tl.store(base + S_IS_OWN_UNITS, tl.sum(tl.where(row_ok, is_own_units, 0.0), axis=0))
+        tl.store(base + S_IS_OWN_TRUNCATED, tl.sum(tl.where(row_ok, is_own_trunc, 0.0), axis=0))
+        tl.store(base + S_IS_OWN_MASKED, tl.sum(tl.where(row_ok, is_own_masked, 0.0), axis=0))
+        tl.store(base + S_IS_OWN_WEIGHT, tl.sum(tl.where(row_ok, is_own_weight, 0.0), axis=0))
+        tl.store(base + S_IS_FOREIGN_UNITS, tl.sum(is_for.to(tl.float32), axis=0))
+        tl.store(base + S_IS_FOREIGN_TRUNCATED, tl.sum(tl.where(is_for, trunc_seq, 0.0), axis=0))
+        tl.store(base + S_IS_FOREIGN_MASKED, tl.sum(tl.where(is_for, masked_seq, 0.0), axis=0))
+        tl.store(base + S_IS_FOREIGN_WEIGHT, tl.sum(tl.where(is_for, rho_seq, 0.0), axis=0))
+    else:
+        tl.store(base + S_IS_OWN_UNITS, 0.0)
+        tl.store(base + S_IS_OWN_TRUNCATED, 0.0)
+        tl.store(base + S_IS_OWN_MASKED, 0.0)
+        tl.store(base + S_IS_OWN_WEIGHT, 0.0)
+        tl.store(base + S_IS_FOREIGN_UNITS, 0.0)
+        tl.store(base + S_IS_FOREIGN_TRUNCATED, 0.0)
+        tl.store(base + S_IS_FOREIGN_MASKED, 0.0)
+        tl.store(base + S_IS_FOREIGN_WEIGHT, 0.0)
 
 
 @triton.jit
 def _hacpo_bwd_kernel(
-    logp_ptr, mask_ptr, old_ptr, ref_ptr, adv_ptr, own_ptr, coef_ptr, rowg_ptr, rowkl_ptr, scale_ptr, grad_ptr,
-    n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_ref, stride_g,
+    logp_ptr, mask_ptr, old_ptr, ref_ptr, adv_ptr, own_ptr, coef_ptr, eng_ptr, rowg_ptr, rowkl_ptr, scale_ptr,
+    grad_ptr, n_rows, n_cols, stride_lp, stride_mk, stride_old, stride_ref, stride_eng, stride_g,
     eps_low_arg, eps_high_arg, lo_arg, hi_arg, dual_arg, own_dual_arg, alpha_arg, clip_arg, kl_limit_arg, kl_max_arg,
+    is_lo_arg, is_hi_arg,
     TOKEN_LEVEL: tl.constexpr, CLIP_MODE: tl.constexpr, CROSS_CLIP: tl.constexpr, CROSS_MIN: tl.constexpr,
-    OWN_DUAL: tl.constexpr, FOREIGN_SELF: tl.constexpr, HAS_KL: tl.constexpr, BLOCK_B: tl.constexpr,
-    BLOCK_T: tl.constexpr,
+    OWN_DUAL: tl.constexpr, FOREIGN_SELF: tl.constexpr, HAS_KL: tl.constexpr, IS_MODE: tl.constexpr,
+    IS_TOKEN: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_T: tl.constexpr,
 ):
-    """d loss / d logp[i, t] = pg_scale * mask * (row factor [* d o_t / d ell_t at token level])
-    + kl_scale * own mask * row KL weight * d k3 / d logp, with pg_scale = -dloss / D, kl_scale = dloss·β / D_kl."""
+    """d loss / d logp[i, t] = pg_scale * mask * (row factor [* d o_t / d ell_t [* rho_t of an own token with
+    IS_TOKEN] at token level]) + kl_scale * own mask * row KL weight * d k3 / d logp, with pg_scale = -dloss / D,
+    kl_scale = dloss·β / D_kl."""
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     row_ok = rows < n_rows
@@ -264,6 +363,14 @@ def _hacpo_bwd_kernel(
         _obj, dobj = _objective(tl.exp(ell), adv[:, None], self_rule[:, None], coef[:, None], eps_low, eps_high,
                                 lo, hi, dual, own_dual, alpha, CROSS_CLIP, CROSS_MIN, OWN_DUAL)
         g = pg_scale * dobj * passes * rowg[:, None]
+        if IS_MODE != 0:
+            if IS_TOKEN:  # own tokens' correction weight (other rows carry theirs in rowg)
+                own_w = valid & own[:, None]
+                eng = tl.load(eng_ptr + rows64[:, None] * stride_eng + t[None, :], mask=own_w, other=0.0)
+                rho_t, _trunc, _masked = _rollout_is_weight(
+                    tl.exp(tl.where(own_w, old - eng.to(tl.float32), 0.0)), tl.cast(is_lo_arg, tl.float32),
+                    tl.cast(is_hi_arg, tl.float32), IS_MODE)
+                g = g * tl.where(own[:, None], rho_t, 1.0)
     else:
         g = tl.zeros([BLOCK_B, BLOCK_T], dtype=tl.float32) + pg_scale * rowg[:, None]
     if HAS_KL:

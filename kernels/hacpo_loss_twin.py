@@ -7,8 +7,59 @@ import torch
 from .hacpo_loss_params import KL_LOG_RATIO_LIMIT, KL_VALUE_LIMIT, STATS, LossParams, LossTotals, _denominators
 
 
+def _rollout_is_apply(w: torch.Tensor, p: LossParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(applied weight rho, truncated, masked) of raw correction weights ``w``: truncate ``rho = min(w, C)``; mask
+    ``rho = w`` inside ``[C_low, C]``, else 0."""
+    if p.is_mode == 1:
+        return w.clamp(max=p.is_hi), w > p.is_hi, torch.zeros_like(w, dtype=torch.bool)
+    keep = (w >= p.is_lo) & (w <= p.is_hi)
+    return torch.where(keep, w, torch.zeros_like(w)), torch.zeros_like(keep), ~keep
+
+
+def _rollout_is_weights(p: LossParams, valid, own, nonempty, safe_count, old_logp, old_mean, engine_logp,
+                        engine_mean, cdt) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The detached correction weight of every unit of the loss (``[B, T]`` at token level, ``[B]`` at sequence
+    level) and its counters (:data:`~.hacpo_loss_params.STATS` ``is_*``).
+
+    Per row (every foreign row; own rows at level ``sequence``): ``w_i = exp(old_mean_i - engine_mean_i)``, both the
+    source's means over its own tokens. Per own token (level ``token``): ``w_it = exp(old_it - engine_it)``; a
+    sequence-ratio row then takes the mean of its tokens' applied weights (its row objective is the mean of its
+    tokens' weighted objectives, each token's objective being the row's)."""
+    zero = torch.zeros((), dtype=cdt, device=valid.device)
+    w_seq = (old_mean.detach().to(cdt) - engine_mean.detach().to(cdt)).exp()
+    rho_seq, trunc_seq, mask_seq = _rollout_is_apply(w_seq, p)
+    for_units = nonempty & ~own
+    if p.is_token:
+        own_units = valid & own[:, None]
+        w_tok = torch.where(own_units, old_logp.detach().to(cdt) - engine_logp.detach().to(cdt), zero).exp()
+        rho_tok, trunc_own, mask_own = _rollout_is_apply(w_tok, p)
+        rho_own = rho_tok
+        if p.token_level:
+            rho = torch.where(own[:, None], rho_tok, rho_seq[:, None])
+        else:
+            rho = torch.where(own, torch.where(own_units, rho_tok, zero).sum(dim=-1) / safe_count, rho_seq)
+    else:
+        own_units, trunc_own, mask_own, rho_own = nonempty & own, trunc_seq, mask_seq, rho_seq
+        rho = rho_seq[:, None] if p.token_level else rho_seq
+
+    def total(x: torch.Tensor) -> torch.Tensor:
+        return x.sum().to(cdt)
+
+    values = {
+        "is_own_units": total(own_units),
+        "is_own_truncated": total(own_units & trunc_own),
+        "is_own_masked": total(own_units & mask_own),
+        "is_own_weight": torch.where(own_units, rho_own, zero).sum(),
+        "is_foreign_units": total(for_units),
+        "is_foreign_truncated": total(for_units & trunc_seq),
+        "is_foreign_masked": total(for_units & mask_seq),
+        "is_foreign_weight": torch.where(for_units, rho_seq, zero).sum(),
+    }
+    return rho, values
+
+
 def _hacpo_loss_torch(logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, params: LossParams,
-                      totals: LossTotals):
+                      totals: LossTotals, engine_logp=None, engine_mean=None):
     p = params
     cdt = torch.float64 if logp.dtype == torch.float64 else torch.float32
     valid = mask != 0
@@ -48,6 +99,11 @@ def _hacpo_loss_torch(logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, 
     else:
         for_obj = c * weight * a
     unit_obj = torch.where(o, own_obj, for_obj)
+    is_values = {}
+    if p.rollout_is:  # training-inference correction: the unit objective times its detached weight rho
+        rho, is_values = _rollout_is_weights(p, valid, own, nonempty, safe_count, old_logp, old_mean, engine_logp,
+                                             engine_mean, cdt)
+        unit_obj = unit_obj * rho
     if p.token_level:
         unit_obj = torch.where(valid, unit_obj, zero)
         obj = unit_obj.sum(dim=-1) / safe_count
@@ -98,6 +154,7 @@ def _hacpo_loss_torch(logp, mask, old_logp, ref_logp, adv, old_mean, own, coef, 
         "fneg_below": total(fneg & (sd < lo)),
         "fneg_above": total(fneg & (sd > hi)),
     }
+    values.update({name: is_values.get(name, zero) for name in STATS if name.startswith("is_")})
     stats = torch.stack([values[name] for name in STATS])
     denom, kl_denom = _denominators(stats, p, totals)
     pg_loss = -loss_sum / denom

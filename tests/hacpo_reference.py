@@ -104,7 +104,10 @@ def reference_policy_loss(logp, mask, advantages, old_logp_mean, is_own, coef, *
                           log_ratio_clip_mode="symmetric", stepwise=True, cross_clip=True, cross_clip_high=1.0,
                           cross_clip_mode="clamp", cross_clip_dual=3.0, foreign_rule="cross", token_level=False,
                           old_logp=None, loss_agg="seq-mean-token-mean", kl_coef=0.0, ref_logp=None,
-                          num_seqs=None, num_tokens=None, num_own_seqs=None, num_own_tokens=None):
+                          num_seqs=None, num_tokens=None, num_own_seqs=None, num_own_tokens=None,
+                          rollout_is=False, rollout_is_level="sequence", rollout_is_mode="truncate",
+                          rollout_is_threshold=2.0, rollout_is_threshold_lower=None, engine_logp=None,
+                          engine_logp_mean=None):
     """Every registered loss variant, one unit (row, or token at token level) at a time, in float64.
 
     Returns (loss, objectives, grad, kl). Units: a row with its sequence log-ratio (mean of its tokens minus
@@ -113,6 +116,12 @@ def reference_policy_loss(logp, mask, advantages, old_logp_mean, is_own, coef, *
     its tokens (token level). Aggregation: seq-mean-token-mean divides the sum of row objectives by ``num_seqs``;
     token-mean divides the sum over tokens by ``num_tokens``. KL: k3 = e^d − d − 1, d = clamp(ref − logp, ±20), on
     own tokens, aggregated the same way over own rows / own tokens; d k3 / d logp = 1 − e^d inside the clamp.
+
+    Training-inference correction (``rollout_is``): each unit's objective (and its derivative) is multiplied by
+    a constant weight rho = :func:`rollout_is_weight` of w, with w = exp(old_logp_mean − engine_logp_mean) for a row
+    (every foreign row; own rows at level ``sequence``) and w = exp(old_logp − engine_logp) for an own token (level
+    ``token``). With sequence ratios an own row at level ``token`` takes the mean of its tokens' rho over all its
+    L tokens. Nothing else changes: masked units keep their place in every denominator (num_seqs, num_tokens, L).
     """
     lo = lower_bound(m, delta, delta_step, stepwise)
     rows = len(logp)
@@ -152,6 +161,18 @@ def reference_policy_loss(logp, mask, advantages, old_logp_mean, is_own, coef, *
                 d = s * c ** alpha * w * a if ((lo <= s <= cross_clip_high) or not cross_clip) else 0.0
         return obj, (d if passes else 0.0)
 
+    def row_weight(i):
+        if not rollout_is:
+            return 1.0
+        return rollout_is_weight(math.exp(old_logp_mean[i] - engine_logp_mean[i]), rollout_is_mode,
+                                 rollout_is_threshold, rollout_is_threshold_lower)
+
+    def token_weight(i, t):
+        if not rollout_is or not is_own[i] or rollout_is_level != "token":
+            return row_weight(i)
+        return rollout_is_weight(math.exp(old_logp[i][t] - engine_logp[i][t]), rollout_is_mode,
+                                 rollout_is_threshold, rollout_is_threshold_lower)
+
     objectives, grad, total, kl_total = [], [], 0.0, 0.0
     for i in range(rows):
         tokens = [t for t, keep in enumerate(mask[i]) if keep]
@@ -162,13 +183,16 @@ def reference_policy_loss(logp, mask, advantages, old_logp_mean, is_own, coef, *
             objs = []
             for t in tokens:
                 o, d = unit(logp[i][t] - old_logp[i][t], advantages[i], is_own[i], coef[i])
-                objs.append(o)
-                row_grad[t] = -weight * d
+                rho = token_weight(i, t)
+                objs.append(rho * o)
+                row_grad[t] = -weight * rho * d
             obj = sum(objs) / n
             total += sum(objs) / tok_den if token_mean else obj / seq_den
         else:
             ell = sum(logp[i][t] for t in tokens) / n - old_logp_mean[i]
             obj, d = unit(ell, advantages[i], is_own[i], coef[i])
+            rho = sum(token_weight(i, t) for t in tokens) / n  # the row's weight when every token has it
+            obj, d = rho * obj, rho * d
             total += obj * n / tok_den if token_mean else obj / seq_den
             for t in tokens:  # d ell / d logp_t = 1 / n; token-mean weighs the row by its n tokens
                 row_grad[t] = -(d / tok_den if token_mean else d / (n * seq_den))
@@ -185,3 +209,12 @@ def reference_policy_loss(logp, mask, advantages, old_logp_mean, is_own, coef, *
         objectives.append(obj)
         grad.append(row_grad)
     return -total + kl_coef * kl_total, objectives, grad, kl_total
+
+
+def rollout_is_weight(w, mode, threshold, lower=None):
+    """The applied training-inference correction weight of a raw weight w: truncate min(w, C); mask w inside
+    [C_low, C] (C_low = ``lower``, else 1/C), else 0."""
+    if mode == "truncate":
+        return min(w, threshold)
+    low = lower if lower is not None else 1.0 / threshold
+    return w if low <= w <= threshold else 0.0

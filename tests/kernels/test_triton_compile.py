@@ -64,25 +64,33 @@ def compile_all() -> list[str]:
            "entropy_ptr": "*fp32", "dlogp_ptr": "*fp32", "dentropy_ptr": "*fp32", "n_cols": "i32",
            "stride_row": "i64", "stride_drow": "i64"},
           {"INV_TEMP": 2.0, "HAS_DLOGP": False, "HAS_DENTROPY": True, "BLOCK_V": 1024}, 4)
-    variants = ((False, 1, "fp32", True, False, True, False), (True, 2, "fp64", False, True, True, True),
-                (False, 0, "fp64", False, True, False, True), (True, 1, "fp32", True, False, False, True))
-    for token_level, clip_mode, float_arg, cross_min, foreign_self, has_kl, own_dual in variants:
+    # (token level, log-ratio clamp, float argument type, pessimistic, naive, KL, own dual clip, training-inference
+    # correction mode (0 off, 1 truncate, 2 mask), per-token correction)
+    variants = ((False, 1, "fp32", True, False, True, False, 0, False),
+                (True, 2, "fp64", False, True, True, True, 0, False),
+                (False, 0, "fp64", False, True, False, True, 0, False),
+                (True, 1, "fp32", True, False, False, True, 0, False),
+                (False, 1, "fp32", False, False, True, False, 1, True),
+                (True, 1, "fp64", False, False, False, True, 2, True),
+                (False, 1, "fp64", False, True, False, False, 2, False))
+    for token_level, clip_mode, float_arg, cross_min, foreign_self, has_kl, own_dual, is_mode, is_token in variants:
         floats = {name: float_arg
                   for name in ("eps_low_arg", "eps_high_arg", "lo_arg", "hi_arg", "dual_arg", "own_dual_arg",
-                               "alpha_arg", "clip_arg", "kl_limit_arg", "kl_max_arg")}
+                               "alpha_arg", "clip_arg", "kl_limit_arg", "kl_max_arg", "is_lo_arg", "is_hi_arg")}
         fwd_sig = {name: "*fp32" for name in ("logp_ptr", "old_ptr", "ref_ptr", "adv_ptr", "old_mean_ptr",
-                                              "coef_ptr", "obj_ptr", "ratio_ptr", "rowg_ptr", "rowkl_ptr",
-                                              "partial_ptr")}
+                                              "coef_ptr", "eng_ptr", "eng_mean_ptr", "obj_ptr", "ratio_ptr",
+                                              "rowg_ptr", "rowkl_ptr", "partial_ptr")}
         fwd_sig.update(mask_ptr="*u8", own_ptr="*u8", n_rows="i32", n_cols="i32", stride_lp="i32",
-                       stride_mk="i32", stride_old="i32", stride_ref="i32", **floats)
+                       stride_mk="i32", stride_old="i32", stride_ref="i32", stride_eng="i32", **floats)
         switches = dict(TOKEN_LEVEL=token_level, CLIP_MODE=clip_mode, CROSS_CLIP=clip_mode != 0, CROSS_MIN=cross_min,
-                        OWN_DUAL=own_dual, FOREIGN_SELF=foreign_self, HAS_KL=has_kl)
+                        OWN_DUAL=own_dual, FOREIGN_SELF=foreign_self, HAS_KL=has_kl, IS_MODE=is_mode,
+                        IS_TOKEN=is_token)
         build(hacpo_mod._hacpo_fwd_kernel, fwd_sig,
               dict(switches, TOKEN_MEAN=token_level, NUM_STATS=hacpo_mod.NUM_STATS, BLOCK_B=16, BLOCK_T=128), 4)
-        bwd_sig = {name: "*fp32" for name in ("logp_ptr", "old_ptr", "ref_ptr", "adv_ptr", "coef_ptr", "rowg_ptr",
-                                              "rowkl_ptr", "scale_ptr", "grad_ptr", "mask_ptr")}
+        bwd_sig = {name: "*fp32" for name in ("logp_ptr", "old_ptr", "ref_ptr", "adv_ptr", "coef_ptr", "eng_ptr",
+                                              "rowg_ptr", "rowkl_ptr", "scale_ptr", "grad_ptr", "mask_ptr")}
         bwd_sig.update(own_ptr="*u8", n_rows="i32", n_cols="i32", stride_lp="i32", stride_mk="i32",
-                       stride_old="i32", stride_ref="i32", stride_g="i32", **floats)
+                       stride_old="i32", stride_ref="i32", stride_eng="i32", stride_g="i32", **floats)
         build(hacpo_mod._hacpo_bwd_kernel, bwd_sig, dict(switches, BLOCK_B=16, BLOCK_T=128), 4)
     return done
 
@@ -95,7 +103,7 @@ def test_every_kernel_compiles_for_sm90():
     proc = subprocess.run([sys.executable, __file__], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, f"compilation failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
-    assert proc.stdout.count("compiled ") == 17, proc.stdout
+    assert proc.stdout.count("compiled ") == 23, proc.stdout
 
 
 if __name__ == "__main__":
