@@ -464,6 +464,7 @@ class TrainConfig:
             raise ValueError("rollout_backend='hf_engine' runs its engines on CPU cores; with device='cuda' use "
                              "rollout_backend='vllm' (engine actors on GPUs) or 'hf' (generate on the policy's GPU)")
         self._validate_one_step_off()
+        self._validate_rollout_is()
         rows = self.rows_per_learner
         if rows % self.train_batch_size:
             raise ValueError(
@@ -521,6 +522,22 @@ class TrainConfig:
                                  f"temperature 1, the old log-probs are taken at the rollout temperature), got "
                                  f"--temperature {self.temperature}: use --own_old_logp recompute")
 
+    def _validate_rollout_is(self) -> None:
+        """``--rollout_is`` weighs each unit by the trainer's old over the sampling engine's probability
+        (docs/training.md, "Training-inference corrections"): it needs the engines' log-probs of the sampled tokens,
+        which engine actors return at temperature 1 only."""
+        if not self.algo.loss.rollout_is:
+            return
+        if self.rollout_backend not in ENGINE_BACKENDS:
+            raise ValueError(f"--rollout_is needs the sampling engines' log-probs of the tokens they sampled, which "
+                             f"engine actors return: --rollout_backend hf_engine or vllm, got --rollout_backend "
+                             f"{self.rollout_backend} (its policies sample with the weights they train, so there is "
+                             "no engine to correct for)")
+        if self.temperature != 1.0:
+            raise ValueError(f"--rollout_is needs --temperature 1, got --temperature {self.temperature}: the engines "
+                             "return log-probs at temperature 1, the trainer's old log-probs are taken at the rollout "
+                             "temperature, so their ratio would not be the sampling correction")
+
     def _validate_memory_options(self) -> None:
         """The offload options against each agent's ZeRO stage (docs/gpu.md, Memory options)."""
         for agent in self.resolved_agents():
@@ -555,6 +572,13 @@ class TrainConfig:
         if self.own_old_logp != "auto":
             return self.own_old_logp
         return "behaviour" if self.one_step_off and self.temperature == 1.0 else "recompute"
+
+    @property
+    def keeps_engine_logps(self) -> bool:
+        """Whether the engines return their log-probs of the sampled tokens and the rollout attaches them to the
+        trajectories (``Trajectory.behaviour_logp``): for ``--own_old_logp behaviour`` (as resolved) or a
+        training-inference correction (``--rollout_is``). ``AgentGroup`` asks this before every engine rollout."""
+        return self.resolved_own_old_logp == "behaviour" or self.algo.loss.rollout_is
 
     @property
     def trains_on_foreign(self) -> bool:

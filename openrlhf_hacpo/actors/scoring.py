@@ -29,6 +29,7 @@ def view_config(cfg: TrainConfig) -> LearnerViewConfig:
         generate_max_len=cfg.generate_max_len,
         apply_chat_template=cfg.apply_chat_template,
         enable_thinking=cfg.enable_thinking if cfg.apply_chat_template else None,
+        own_old_logp_from_engine=cfg.resolved_own_old_logp == "behaviour",
     )
 
 

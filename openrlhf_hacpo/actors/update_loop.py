@@ -32,6 +32,7 @@ counts them.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -159,6 +160,12 @@ class UpdateLoop:
         empty = [i for i, r in enumerate(batch.rows) if not r.response_ids]
         if empty:
             raise ValueError(f"agent {self.agent.name!r}: learner row {empty[0]} has no response tokens")
+        if self.cfg.algo.loss.rollout_is and not batch.has_engine_logps:
+            missing = [r for r in batch.rows if not math.isfinite(r.engine_logp_mean)]
+            raise ValueError(f"agent {self.agent.name!r}: --rollout_is needs the sampling engines' log-probs of every "
+                             f"row, {len(missing)} of {len(batch)} rows carry none (e.g. {missing[0].prompt_id!r} "
+                             f"from agent {missing[0].source}): the rollout attaches them when "
+                             "TrainConfig.keeps_engine_logps")
         whole = batch.whole_loss_input()
         if self.cfg.old_logp_from_update:  # means not known yet are checked when they arrive (first_update)
             whole.old_logp_mean = torch.nan_to_num(whole.old_logp_mean, nan=0.0)

@@ -14,12 +14,14 @@ wherever ∂obj/∂ℓ_i = 0:
 * Naive (the own-row clip on every row, eqs. 47–49): min(s·A, clip(s, 1 − ε_low, 1 + ε_high)·A) is flat for
   A > 0 above 1 + ε_high and for A < 0 below 1 − ε_low.
 * the log-ratio clamp |ℓ| ≤ ``log_ratio_clip`` flattens every rule outside it; A = 0 has no gradient anywhere.
+* the training-inference correction (``--rollout_is``) multiplies the objective by a weight that does not depend on
+  θ: a row it masks (weight 0) has no gradient, one it keeps or truncates keeps the rule's.
 
-The probe does not encode these cases: it evaluates the loss kernel itself (same rule, parameters and update index
-m as the update) at the probe's log-probs and takes the gradient with respect to them. A row is skipped only if
-that gradient is zero at ℓ_i and at ℓ_i ± ``SKIP_MARGIN``: the probe's forward and the update's pack rows
-differently and may round ℓ_i differently in the last bits (about 1e-6 here), so a row within the margin of an
-edge is trained. A skipped row goes through no forward with gradient and no backward, and nothing else changes:
+The probe does not encode these cases: it evaluates the loss kernel itself (same rule, parameters, update index
+m and correction inputs as the update) at the probe's log-probs and takes the gradient with respect to them. A row
+is skipped only if that gradient is zero at ℓ_i and at ℓ_i ± ``SKIP_MARGIN``: the probe's forward and the update's
+pack rows differently and may round ℓ_i differently in the last bits (about 1e-6 here), so a row within the margin
+of an edge is trained. A skipped row goes through no forward with gradient and no backward, and nothing else changes:
 each row's log-probs depend on that row alone (causal attention within the row), the loss denominators are the
 global mini-batch totals (``LossTotals``), and the row's loss value and metrics are still counted, computed from the
 probe's log-probs.
@@ -127,7 +129,9 @@ class ZeroGradProbe:
             probe = torch.cat([logp.detach() + s for s in shifts]).requires_grad_(True)
             inp = PolicyLossInput(logp=probe, mask=_tripled(mask), advantages=_tripled(micro.advantages),
                                   old_logp_mean=_tripled(micro.old_logp_mean), is_own=_tripled(micro.is_own),
-                                  coef=_tripled(micro.coef), update_index=m, totals=totals)
+                                  coef=_tripled(micro.coef), update_index=m, totals=totals,
+                                  old_logp=_tripled(micro.old_logp), engine_logp=_tripled(micro.engine_logp),
+                                  engine_logp_mean=_tripled(micro.engine_logp_mean))
             out = loop.loss_fn(inp, loop.cfg.algo.loss, backend=loop.cfg.kernel_backend, params=_without_kl(params),
                                check=False, metrics=False)
             (grad,) = torch.autograd.grad(out.loss, probe)
@@ -137,9 +141,9 @@ class ZeroGradProbe:
         return [bool(f) for f in flags] if ok else None
 
 
-def _tripled(x: torch.Tensor) -> torch.Tensor:
-    """``x`` stacked three times along its first dimension (one row block per log-ratio shift)."""
-    return torch.cat([x, x, x])
+def _tripled(x: torch.Tensor | None) -> torch.Tensor | None:
+    """``x`` stacked three times along its first dimension (one row block per log-ratio shift); None stays None."""
+    return None if x is None else torch.cat([x, x, x])
 
 
 def _without_kl(params: Any) -> Any:

@@ -6,7 +6,7 @@ itself in ``__post_init__`` and raises ``ValueError`` naming the offending field
 it has one). Each field's flag is declared with it (:func:`~openrlhf_hacpo.utils.options.option`). The values of
 :class:`CapabilityConfig` and :class:`AdvantageConfig` fields (type, choices, range) are declared there too and
 checked by :func:`~openrlhf_hacpo.utils.options.check_fields`, ``validate`` adding only the rules that tie several
-fields together. The 16 :class:`PolicyLossConfig` fields that are also kernel parameters follow the kernel's one set
+fields together. The 21 :class:`PolicyLossConfig` fields that are also kernel parameters follow the kernel's one set
 of rules instead (:func:`hacpo_kernels.hacpo_loss.check_loss_params`, the rules :class:`LossParams` applies), named
 by their flags; ``PolicyLossConfig.validate`` checks ``capability_coef`` itself.
 """
@@ -21,6 +21,8 @@ from hacpo_kernels.hacpo_loss import (
     LOG_RATIO_CLIP_MODES,
     LOSS_AGGS as LOSS_AGGREGATIONS,
     RATIO_LEVELS,
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_IS_MODES,
     LossParams,
     check_loss_params,
     cross_clip_lower_bound,
@@ -183,6 +185,14 @@ class PolicyLossConfig:
     * ``dual_clip_c``: the ``grpo`` loss's dual clip (verl ``clip_ratio_c``, 3): a negative-advantage token's
       objective is bounded below by c·A, max(min(w·A, clip(w)·A), c·A); ``None`` disables it. GSPO, HACPO and Naive
       have no dual clip on own rows (verl's GSPO loss has none).
+    * ``rollout_is`` (off): the training-inference correction (verl's ``rollout_is`` settings; docs/training.md,
+      "Training-inference corrections"): a detached weight, the trainer's old probability over the sampling engine's,
+      multiplies each unit objective. ``rollout_is_level``: ``"sequence"`` (per row, exp of the mean over the
+      source's tokens of old − engine log-prob) or ``"token"`` (per own token; foreign rows are always corrected per
+      row, their tokens being the learner's). ``rollout_is_mode``: ``"truncate"`` (weight min(w, C)) or ``"mask"``
+      (units with w outside [C_low, C] contribute 0 but stay in the loss's denominator). ``rollout_is_threshold``:
+      C >= 1 (verl's default 2); ``rollout_is_threshold_lower``: C_low (mask only; default 1 / C). Needs
+      ``--temperature 1`` and engine actors (``TrainConfig`` checks both).
     """
 
     eps_low: float = option(3e-4, flag="--eps_clip_low", help="own-rollout clip: ratio in [1-low, 1+high] (GSPO "
@@ -215,6 +225,19 @@ class PolicyLossConfig:
     loss_agg: str = option("seq-mean-token-mean", choices=LOSS_AGGREGATIONS, help="how objectives are averaged")
     dual_clip_c: float | None = option(3.0, help="grpo: dual clip c, negative-advantage tokens with ratio above c get "
                                        "no gradient (verl clip_ratio_c); 0 disables", zero_is_none=True)
+    rollout_is: bool = option(False, help="training-inference correction: multiply each own token's or row's "
+                              "objective by the trainer's old over the sampling engine's probability (detached, "
+                              "truncated or masked), each foreign row's by its source's (needs --temperature 1 and "
+                              "--rollout_backend hf_engine or vllm; docs/training.md, Training-inference corrections)")
+    rollout_is_level: str = option("sequence", choices=ROLLOUT_IS_LEVELS, help="own rows' correction weight: per "
+                                   "row (exp of the mean over its tokens) or per token; foreign rows: per row")
+    rollout_is_mode: str = option("truncate", choices=ROLLOUT_IS_MODES, help="truncate: weights above "
+                                  "--rollout_is_threshold are cut to it; mask: units whose weight is outside "
+                                  "[--rollout_is_threshold_lower, --rollout_is_threshold] contribute nothing (they "
+                                  "stay in the loss's denominator)")
+    rollout_is_threshold: float = option(2.0, help="upper bound C of the correction weight (>= 1)")
+    rollout_is_threshold_lower: float | None = option(None, help="mask mode: lower bound of the correction weight "
+                                                      "(default 1 / --rollout_is_threshold)")
 
     def __post_init__(self) -> None:
         self.validate()

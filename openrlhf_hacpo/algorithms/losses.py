@@ -79,6 +79,10 @@ class PolicyLossInput:
         ref_logp: [B, T] reference-policy log-probs; needed when ``kl_coef > 0``.
         totals: the mini-batch's row / token totals (all rows and own rows), the aggregation denominators when a
             mini-batch is split into micro-batches (``None``: this micro-batch's counts).
+        engine_logp_mean: [B] the source engine's mean log-prob of each row over the source's own tokens (the
+            training-inference correction, ``rollout_is``).
+        engine_logp: [B, T] the sampling engine's per-token log-probs of own rows on their tokens (``rollout_is``
+            at level ``token``; 0 on foreign rows).
     """
 
     logp: torch.Tensor
@@ -91,6 +95,8 @@ class PolicyLossInput:
     old_logp: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     totals: LossTotals | None = None
+    engine_logp_mean: torch.Tensor | None = None
+    engine_logp: torch.Tensor | None = None
 
 
 @dataclass
@@ -161,12 +167,14 @@ def check_policy_input(inp: PolicyLossInput) -> None:
     _require_finite("logp", logp, mask)
     for field in ("advantages", "old_logp_mean", "coef"):
         _require_finite(field, _require_tensor(field, getattr(inp, field), (B,)))
+    if inp.engine_logp_mean is not None:
+        _require_finite("engine_logp_mean", _require_tensor("engine_logp_mean", inp.engine_logp_mean, (B,)))
     if bool((inp.coef <= 0).any()):
         raise ValueError("PolicyLossInput.coef must be > 0 for every row")
     is_own = _require_tensor("is_own", inp.is_own, (B,))
     if is_own.dtype != torch.bool:
         raise ValueError(f"PolicyLossInput.is_own must be a bool tensor, got dtype {is_own.dtype}")
-    for field in ("old_logp", "ref_logp"):
+    for field in ("old_logp", "ref_logp", "engine_logp"):
         value = getattr(inp, field)
         if value is not None:
             _require_tensor(field, value, (B, T))
@@ -222,7 +230,9 @@ class PolicyLoss:
             dual_clip_c=cfg.dual_clip_c if self.dual_clip else None,
             log_ratio_clip=cfg.log_ratio_clip, log_ratio_clip_mode=cfg.log_ratio_clip_mode,
             ratio_level="token" if self.uses_token_ratios(cfg) else "sequence", loss_agg=cfg.loss_agg,
-            kl_coef=cfg.kl_coef,
+            kl_coef=cfg.kl_coef, rollout_is=cfg.rollout_is, rollout_is_level=cfg.rollout_is_level,
+            rollout_is_mode=cfg.rollout_is_mode, rollout_is_threshold=cfg.rollout_is_threshold,
+            rollout_is_threshold_lower=cfg.rollout_is_threshold_lower,
         )
 
     def coefficients(self, cfg: PolicyLossConfig, coef: torch.Tensor) -> torch.Tensor:
@@ -249,6 +259,7 @@ class PolicyLoss:
         if params.kl_coef > 0 and inp.ref_logp is None:
             raise ValueError(f"policy loss {self.name!r}: kl_coef = {params.kl_coef} > 0 needs "
                              "PolicyLossInput.ref_logp")
+        self.check_engine_logps(inp, params)
         device, dtype = inp.logp.device, inp.logp.dtype
 
         def aligned(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -257,8 +268,10 @@ class PolicyLoss:
         out = fused_policy_loss(
             inp.logp, inp.mask.to(device) != 0, aligned(inp.advantages), aligned(inp.old_logp_mean),
             inp.is_own.to(device), aligned(self.coefficients(cfg, inp.coef)), params,
-            old_logp=aligned(inp.old_logp) if params.token_level else None, ref_logp=aligned(inp.ref_logp),
-            totals=inp.totals, backend=backend,
+            old_logp=aligned(inp.old_logp) if params.token_level or params.is_token else None,
+            ref_logp=aligned(inp.ref_logp), engine_logp=aligned(inp.engine_logp) if params.is_token else None,
+            engine_logp_mean=aligned(inp.engine_logp_mean) if params.rollout_is else None, totals=inp.totals,
+            backend=backend,
         )
         if not metrics:
             return PolicyLossOutput(loss=out.loss, objectives=out.objectives, metrics={}, ratios=out.ratios)
@@ -271,13 +284,27 @@ class PolicyLoss:
         metrics["num_foreign_pos"] = counts["fpos_units"] if not params.token_level else 0.0
         metrics["cross_lower_bound"] = cross_clip_lower_bound(params.delta, params.delta_step, params.update_index,
                                                               params.stepwise)
-        weights = {name: counts[unit] for name, unit in METRIC_WEIGHTS.items()}
+        weights = {name: counts[unit] for name, unit in METRIC_WEIGHTS.items() if name in metrics}
         weights.update(objective_mean=counts["rows"], cross_lower_bound=counts["rows"])
         for name in PER_UPDATE_METRICS:  # the same fractions per optimizer update m of the step
             key = f"update{params.update_index}/{name}"
             metrics[key], weights[key] = metrics[name], weights[name]
         return PolicyLossOutput(loss=out.loss, objectives=out.objectives, metrics=metrics, ratios=out.ratios,
                                 weights=weights)
+
+    def check_engine_logps(self, inp: PolicyLossInput, params: LossParams) -> None:
+        """The training-inference correction (``--rollout_is``) reads the engines' log-probs: every row's mean, and
+        with ``--rollout_is_level token`` the own rows' per-token values and old log-probs."""
+        if not params.rollout_is:
+            return
+        if inp.engine_logp_mean is None:
+            raise ValueError(f"policy loss {self.name!r} with --rollout_is needs PolicyLossInput.engine_logp_mean: "
+                             "the rows carry no engine log-probs (the rollout attaches them to the trajectories when "
+                             "TrainConfig.keeps_engine_logps)")
+        if params.is_token and (inp.engine_logp is None or inp.old_logp is None):
+            missing = "engine_logp" if inp.engine_logp is None else "old_logp"
+            raise ValueError(f"policy loss {self.name!r} with --rollout_is_level token needs PolicyLossInput."
+                             f"{missing} [B, T] on own rows' tokens")
 
     def check_rows(self, is_own: torch.Tensor) -> None:
         """A loss that trains on own rows only refuses foreign rows."""

@@ -7,6 +7,7 @@ and the packing into :class:`MicroBatch`, the model inputs and the loss's column
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -40,6 +41,11 @@ class LearnerRow:
     prompt_truncated: bool = False
     response_truncated: bool = False
     source_num_tokens: int = 0  # the response's length in its source agent's tokens (L_j)
+    # the sampling engine's log-probs (trajectories that carry them, Trajectory.behaviour_logp), kept apart from the
+    # old ones for the training-inference correction: the source engine's mean over its L_j action tokens (NaN when
+    # none), and on own rows the per-token float32 values aligned with response_ids (None elsewhere)
+    engine_logp_mean: float = math.nan
+    engine_logp: Any = None
 
 
 # ------------------------------------------------------------------------------------------------------ batch
@@ -196,15 +202,26 @@ class LearnerBatch:
         return [self.select(g) for g in groups]
 
     # -------------------------------------------------------------------------------------------- tensors
+    @property
+    def has_engine_logps(self) -> bool:
+        """Whether every row carries its sampling engine's log-probs (``engine_logp_mean``)."""
+        return bool(self.rows) and all(math.isfinite(r.engine_logp_mean) for r in self.rows)
+
     def _loss_columns(self, width: int) -> dict[str, Any]:
         """The loss's per-row columns, as a :class:`MicroBatch` holds them: ``advantages``, ``coef``,
-        ``old_logp_mean`` [N] float32, ``is_own`` [N] bool, ``old_logp`` [N, width] float32 (0 past a row's values)."""
+        ``old_logp_mean`` [N] float32, ``is_own`` [N] bool, ``old_logp`` [N, width] float32 (0 past a row's values);
+        when every row carries its engine's log-probs (:attr:`has_engine_logps`), ``engine_logp_mean`` [N] and
+        ``engine_logp`` [N, width] float32 (own rows' values, 0 elsewhere), else None."""
+        engine = self.has_engine_logps
         return dict(
             advantages=self.advantages.to(torch.float32),
             coef=self.coef.to(torch.float32),
             old_logp_mean=torch.tensor([r.old_logp_mean for r in self.rows], dtype=torch.float32),
             old_logp=pad_values([r.old_logp for r in self.rows], width),
             is_own=torch.tensor([r.is_own for r in self.rows], dtype=torch.bool),
+            engine_logp_mean=torch.tensor([r.engine_logp_mean for r in self.rows], dtype=torch.float32)
+            if engine else None,
+            engine_logp=pad_values([r.engine_logp for r in self.rows], width) if engine else None,
         )
 
     def _require_rows(self, where: str) -> None:
@@ -252,6 +269,8 @@ class MicroBatch:
     * ``old_logp`` [B, R] float32: own rows' per-token old log-probs on the learner's tokens, 0 on foreign rows and
       padding;
     * ``ref_logp`` [B, R] float32 or None: reference log-probs of own rows (the KL term), 0 elsewhere;
+    * ``engine_logp_mean`` [B] and ``engine_logp`` [B, R] float32 or None: the sampling engines' log-probs (the
+      training-inference correction; :meth:`LearnerBatch._loss_columns`);
     * on the host, so the update reads no tensor for them: ``rows`` (the row indices), ``own`` (the ``is_own``
       flags), ``prompt_lengths`` and ``response_lengths`` (hence :attr:`num_tokens`, :attr:`positions`,
       :attr:`real_positions`).
@@ -265,6 +284,8 @@ class MicroBatch:
     is_own: Any
     row_index: Any
     ref_logp: Any = None
+    engine_logp_mean: Any = None
+    engine_logp: Any = None
     rows: tuple[int, ...] = ()
     own: tuple[bool, ...] = ()
     prompt_lengths: tuple[int, ...] = ()
@@ -311,12 +332,17 @@ class MicroBatch:
 
     def loss_input(self, logp: Any, update_index: int, totals: Any = None, *, ref_logp: Any = None,
                    token_level: bool = False) -> PolicyLossInput:
-        """The :class:`~openrlhf_hacpo.algorithms.PolicyLossInput` of these rows for log-probs ``logp`` [B, R]."""
+        """The :class:`~openrlhf_hacpo.algorithms.PolicyLossInput` of these rows for log-probs ``logp`` [B, R]; the
+        per-token old log-probs go with token-level ratios and with the engine's (a per-token correction reads
+        both)."""
+        per_token_old = token_level or self.engine_logp is not None
         return PolicyLossInput(logp=logp, mask=self.response_mask, advantages=self.advantages,
                                old_logp_mean=self.old_logp_mean, is_own=self.is_own, coef=self.coef,
-                               update_index=update_index, old_logp=self.old_logp if token_level else None,
-                               ref_logp=ref_logp, totals=totals)
+                               update_index=update_index, old_logp=self.old_logp if per_token_old else None,
+                               ref_logp=ref_logp, totals=totals, engine_logp_mean=self.engine_logp_mean,
+                               engine_logp=self.engine_logp)
 
 
-_MICRO_TENSORS = ("advantages", "coef", "old_logp_mean", "old_logp", "is_own", "row_index", "ref_logp")
+_MICRO_TENSORS = ("advantages", "coef", "old_logp_mean", "old_logp", "is_own", "row_index", "ref_logp",
+                  "engine_logp_mean", "engine_logp")
 _MICRO_HOST = ("rows", "own", "prompt_lengths", "response_lengths")

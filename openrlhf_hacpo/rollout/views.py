@@ -12,9 +12,15 @@ For learner k and a trajectory from source j:
 Both carry the source-normalised old log-prob ``old_logp_mean = source_logp_sum / source_num_tokens``, the
 denominator of the cross-agent ratio (eq. 11 with each side normalised by its own token count); NaN for a trajectory
 not scored yet (``old_logp_from_update``: the learner fills it in before the values are used). An own row of a
-trajectory that carries the sampling engine's log-probs (``--own_old_logp behaviour``, ``Trajectory.behaviour_logp``)
-takes those as its per-token old log-probs and their mean over the L_j action tokens as its ``old_logp_mean``;
-foreign rows keep the scoring pass's mean.
+trajectory that carries the sampling engine's log-probs (``Trajectory.behaviour_logp``) takes those as its per-token
+old log-probs and their mean over the L_j action tokens as its ``old_logp_mean`` when ``own_old_logp_from_engine``
+(``--own_old_logp behaviour``); foreign rows keep the scoring pass's mean.
+
+The engine's log-probs also travel separately from the old ones, for the training-inference correction
+(``--rollout_is``): every row of such a trajectory carries ``engine_logp_mean``, the source engine's mean log-prob
+over the source's own L_j action tokens (a mean, like ``old_logp_mean``), and an own row ``engine_logp``, the
+per-token values on its (the source's) tokens, cut like ``old_logp``. A foreign row has no per-token engine values:
+its tokens are the learner's, not the ones the engine scored.
 
 EOS (the paper is silent; the official codes differ): with ``eos_policy="drop"`` no row contains a terminal EOS
 action (an EOS-only response stays a single EOS action); with ``"keep"`` own rows keep the generated EOS and foreign
@@ -64,6 +70,9 @@ class LearnerViewConfig:
         apply_chat_template: render prompts with the tokenizer's chat template (a raw string prompt becomes one user
             message); False encodes a raw string prompt directly, with the tokenizer's special tokens (e.g. BOS).
         enable_thinking: passed to the chat template (Qwen3 templates read it); None passes nothing.
+        own_old_logp_from_engine: own rows of trajectories that carry the sampling engine's log-probs take them as
+            their old log-probs (``--own_old_logp behaviour``); False keeps the scoring pass's, and the engine's
+            values only reach the rows' ``engine_logp`` / ``engine_logp_mean`` (the training-inference correction).
     """
 
     eos_policy: str = "drop"
@@ -71,6 +80,7 @@ class LearnerViewConfig:
     generate_max_len: int | None = 4096
     apply_chat_template: bool = True
     enable_thinking: bool | None = False
+    own_old_logp_from_engine: bool = True
 
     def __post_init__(self) -> None:
         if self.eos_policy not in EOS_POLICIES:
@@ -183,17 +193,20 @@ def build_learner_batch(
             raise ValueError(f"prompt_id {traj.prompt_id!r} is shared by two different prompts")
         is_own = traj.source == learner
         old_mean = traj.old_logp_mean if traj.source_logp_sum is not None else math.nan
+        engine_logp, engine_mean = None, math.nan
+        if len(traj.behaviour_logp):  # the sampling engine's values, over the source's L_j action tokens
+            engine_logp = traj.action_behaviour_logp()
+            engine_mean = math.fsum(engine_logp.tolist()) / traj.source_num_tokens
         if is_own:
             response_ids = traj.action_token_ids()
             old_logp = traj.action_logp()  # the scorer's float32 values, not copied
-            if len(traj.behaviour_logp):  # --own_old_logp behaviour: the sampling engine's values
-                old_logp = traj.action_behaviour_logp()
-                old_mean = math.fsum(old_logp.tolist()) / traj.source_num_tokens
+            if engine_logp is not None and cfg.own_old_logp_from_engine:  # --own_old_logp behaviour
+                old_logp, old_mean = engine_logp, engine_mean
             if not len(old_logp):
                 old_logp = None
         else:
             response_ids = next(foreign_ids)
-            old_logp = None
+            old_logp = engine_logp = None
             if (cfg.eos_policy == "keep" and traj.finished) or not response_ids:
                 # A finished response ends with the learner's EOS ("keep"; under "text" the source's EOS string is
                 # already in the text); an empty text is the EOS-only response, which stays a single EOS action.
@@ -201,6 +214,8 @@ def build_learner_batch(
                     raise ValueError(f"learner tokenizer {_tokenizer_name(tokenizer)!r} has no eos_token_id")
                 response_ids = response_ids + [int(learner_eos)]
         prompt_ids, response_ids, old_logp, p_trunc, r_trunc = _truncate(list(cached[1]), response_ids, old_logp, cfg)
+        if engine_logp is not None:
+            engine_logp = engine_logp[:len(response_ids)]
         rows.append(
             LearnerRow(
                 prompt_id=traj.prompt_id,
@@ -214,6 +229,8 @@ def build_learner_batch(
                 prompt_truncated=p_trunc,
                 response_truncated=r_trunc,
                 source_num_tokens=int(traj.source_num_tokens),
+                engine_logp_mean=engine_mean,
+                engine_logp=engine_logp,
             )
         )
     return LearnerBatch(learner=learner, rows=rows)

@@ -4,8 +4,9 @@ It holds the settings that decide what a step computes: the algorithm with all i
 settings, the agents (name, model as given, tokenizer, learning rate, ZeRO stage, precision, data-parallel size),
 the seed, the prompt data and its rendering, the sampling settings and the EOS policy, the reward function, the batch
 geometry and mini-batch order, and the optimizer schedule (learning-rate schedule, warm-up, gradient clip, weight
-decay, episodes), and with ``--one_step_off`` the schedule. Settings that only change how long or how visibly a run goes (``max_steps``,
-save, log and evaluation cadence, output sinks) are left out, so they may change between a run and its resume.
+decay, episodes), with ``--one_step_off`` the schedule, and with ``--rollout_is`` the training-inference correction.
+Settings that only change how long or how visibly a run goes (``max_steps``, save, log and evaluation cadence, output
+sinks) are left out, so they may change between a run and its resume.
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ _LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
 # one_step_off and own_old_logp (its resolved value: auto is stored as what it chose) are fingerprinted for
 # --one_step_off runs only: their rows are generated one version stale and their checkpoints hold the next step's
 # batch, so a resume must keep the schedule (synchronous fingerprints stay as they were)
+_ROLLOUT_IS_PREFIX = "algo.loss.rollout_is"
+"""The training-inference correction's settings (``--rollout_is*``) are fingerprinted only when it is on, so the
+fingerprints of runs without it stay as they were."""
 
 
 def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
@@ -36,6 +40,8 @@ def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
             out.update({f"algo.{section}.{k}": _plain(v) for k, v in values.items()})
         else:
             out[f"algo.{section}"] = _plain(values)
+    if not cfg.algo.loss.rollout_is:
+        out = {k: v for k, v in out.items() if not k.startswith(_ROLLOUT_IS_PREFIX)}
     out.update({name: _plain(getattr(cfg, name)) for name in _RUN_FIELDS})
     if cfg.one_step_off:
         out.update({"one_step_off": True, "own_old_logp": cfg.resolved_own_old_logp})

@@ -62,6 +62,10 @@ ADDED_FLAGS = {
                            "the same tokens and updates, not fingerprinted",
     "mismatch_alarm": "stops a run whose engines and learner disagree (a broken weight sync): a check only, the same "
                       "updates while it runs, not fingerprinted",
+    **{flag: "the training-inference correction (verl's rollout_is settings), off by default: fingerprinted only "
+             "when --rollout_is is given"
+       for flag in ("rollout_is", "rollout_is_level", "rollout_is_mode", "rollout_is_threshold",
+                    "rollout_is_threshold_lower")},
 }
 """Flags added since the fixture was captured, each with its reason."""
 ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "length_grouping": True,
@@ -70,7 +74,10 @@ ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "leng
                 "adam_offload": False, "param_offload": False, "deepspeed_enable_sleep": False,
                 "ref_reward_offload": False, "gpu_memory_gb": None, "memory_check": True,
                 "old_logp_from_update": False, "one_step_off": False, "own_old_logp": "auto",
-                "vllm_cpu_single_process": False, "mismatch_metrics": True, "mismatch_alarm": None}
+                "vllm_cpu_single_process": False, "mismatch_metrics": True, "mismatch_alarm": None,
+                "algo.loss.rollout_is": False, "algo.loss.rollout_is_level": "sequence",
+                "algo.loss.rollout_is_mode": "truncate", "algo.loss.rollout_is_threshold": 2.0,
+                "algo.loss.rollout_is_threshold_lower": None}
 ADDED_AGENT_FIELDS = {"node": None,  # pins an agent to a node (placement only, not fingerprinted)
                       "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "target_modules": None,
                       "adam_offload": None, "param_offload": None, "deepspeed_enable_sleep": None,
