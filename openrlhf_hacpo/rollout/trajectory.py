@@ -153,9 +153,11 @@ class Trajectory:
             ``v - policy_version`` versions stale (0 in synchronous training, 1 with ``--one_step_off``).
         behaviour_logp: per-token log-probs of ``source_token_ids`` under the behaviour policy, as the engine that
             sampled them computed them (temperature 1, untruncated: ``SamplingConfig.return_logprobs``), aligned
-            like ``source_logp``; empty unless ``--own_old_logp behaviour`` asked for them. When present, the
-            source's own rows take them as old log-probs (decoupled PPO); other learners still divide by
-            ``old_logp_mean`` (the scoring pass).
+            like ``source_logp``; empty unless the run keeps them (``TrainConfig.keeps_engine_logps``:
+            ``--own_old_logp behaviour`` or ``--rollout_is``). With ``--own_old_logp behaviour`` the source's own
+            rows take them as old log-probs (decoupled PPO); other learners still divide by ``old_logp_mean`` (the
+            scoring pass). Every learner row of the trajectory also carries them apart from the old log-probs, for
+            the training-inference correction (``LearnerRow.engine_logp`` / ``engine_logp_mean``).
 
     Equality (``==``) compares every field, ``source_logp`` and ``behaviour_logp`` by value (:func:`torch.equal`:
     same length, same float32 values), so a trajectory equals its JSON round trip.
