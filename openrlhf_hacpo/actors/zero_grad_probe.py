@@ -130,8 +130,9 @@ class ZeroGradProbe:
             inp = PolicyLossInput(logp=probe, mask=_tripled(mask), advantages=_tripled(micro.advantages),
                                   old_logp_mean=_tripled(micro.old_logp_mean), is_own=_tripled(micro.is_own),
                                   coef=_tripled(micro.coef), update_index=m, totals=totals,
-                                  old_logp=_tripled(micro.old_logp), engine_logp=_tripled(micro.engine_logp),
-                                  engine_logp_mean=_tripled(micro.engine_logp_mean))
+                                  engine_logp=_tripled(micro.engine_logp),
+                                  engine_logp_mean=_tripled(micro.engine_logp_mean),
+                                  old_logp=_tripled(micro.old_logp) if micro.engine_logp is not None else None)
             out = loop.loss_fn(inp, loop.cfg.algo.loss, backend=loop.cfg.kernel_backend, params=_without_kl(params),
                                check=False, metrics=False)
             (grad,) = torch.autograd.grad(out.loss, probe)
