@@ -251,13 +251,15 @@ def check_exports(report: Report, straight: Path, resumed: Path, inputs: dict[st
 def record_memory(report: Report, configuration: str, flags: list[str], run: Path) -> None:
     """Add the memory plan's estimate of each agent's policy tensors on its GPU 0 and the largest
     ``perf/cuda_max_allocated_gib`` its workers logged (none on CPU); without Ray also the agents' sum."""
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.cli.train_hacpo import build_config
     from openrlhf_hacpo.trainer.memory_layout import agent_layouts
     from openrlhf_hacpo.trainer.memory_plan import plan_run
     from openrlhf_hacpo.trainer.preflight import load_model_configs
 
     cfg = build_config(flags)
-    plan = plan_run(agent_layouts(cfg, load_model_configs(cfg)), None, shared_gpu=not cfg.use_ray)
+    layouts = agent_layouts(cfg, plan_agents(cfg, on_gpu=True), load_model_configs(cfg))
+    plan = plan_run(layouts, None, shared_gpu=not cfg.use_ray)
     metrics = _records(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else {}
     rows = []
     for agent in cfg.agent_names:

@@ -155,13 +155,14 @@ def plan_worker_bytes(row: Any, layout: Any) -> dict[str, int]:
 
 def plan_for_flags(flags: Sequence[str]) -> dict[str, dict[str, int]]:
     """:func:`plan_worker_bytes` of every agent of a training command (its flags), each layout as a CPU holds it."""
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.cli.train_hacpo import build_config
     from openrlhf_hacpo.trainer.memory_layout import agent_layouts
     from openrlhf_hacpo.trainer.memory_plan import plan_run
     from openrlhf_hacpo.trainer.preflight import load_model_configs
 
     cfg = build_config(list(flags))
-    layouts = [cpu_layout(lay) for lay in agent_layouts(cfg, load_model_configs(cfg))]
+    layouts = [cpu_layout(lay) for lay in agent_layouts(cfg, plan_agents(cfg, on_gpu=True), load_model_configs(cfg))]
     plan = plan_run(layouts, None, shared_gpu=not cfg.use_ray)
     return {lay.name: plan_worker_bytes(next(r for r in plan.rows if r.agent == lay.name and r.gpu == 0), lay)
             for lay in layouts}

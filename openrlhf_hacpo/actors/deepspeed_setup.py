@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import torch
 
+from openrlhf_hacpo.actors.agent_plan import LoraPlan
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.utils.network import free_port, gloo_interface, host_interfaces, is_loopback
 from openrlhf_hacpo.utils.op_build import use_interpreter_ninja
@@ -269,8 +270,9 @@ class TrainingParts:
     """Moves the engine's states off the device and back (``deepspeed_enable_sleep``; no-ops when off)."""
 
 
-def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, total_updates: int) -> TrainingParts:
-    """Load the agent's model and wrap it in DeepSpeed (ZeRO-3 partitions it while loading)."""
+def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, lora: LoraPlan, total_updates: int) -> TrainingParts:
+    """Load the agent's model, add its plan's LoRA adapter (``lora``, :attr:`~openrlhf_hacpo.actors.agent_plan.
+    AgentPlan.lora`; rank 0: none) and wrap it in DeepSpeed (ZeRO-3 partitions it while loading)."""
     import deepspeed
     from transformers import AutoModelForCausalLM
 
@@ -300,7 +302,7 @@ def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, total_updates: int
     if agent.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    model = apply_lora(model, agent)  # lora_rank > 0: a peft model whose adapter alone requires gradients
+    model = apply_lora(model, lora, agent.name)  # rank > 0: a peft model whose adapter alone requires gradients
     optimizer = build_optimizer(_grouped_parameters(model, cfg.l2), agent, agent.learning_rate,
                                 tuple(cfg.adam_betas))
     scheduler = SkipAwareScheduler(_lr_scheduler(cfg, optimizer, total_updates), optimizer)

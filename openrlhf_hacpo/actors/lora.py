@@ -3,7 +3,8 @@
 With ``lora_rank`` r > 0 every target linear layer W (out × in) gains a trainable low-rank update (Hu et al. 2021,
 eq. 3): ``h = W x + (α / r) · B A x`` with A (r × in), B (out × r), B = 0 at the start. Only A and B train.
 
-* :func:`apply_lora` wraps the model with peft (``lora_rank`` 0 leaves it as it is): only the adapter's parameters
+* :func:`apply_lora` wraps the model with peft as the agent's plan says (:class:`~openrlhf_hacpo.actors.agent_plan.
+  LoraPlan`; rank 0 leaves it as it is): only the adapter's parameters
   require gradients, so only they reach the optimizer.
 * :func:`merged_entries` is the weights view the engines and ``save_hf`` receive: each adapted weight exported as
   ``W + (α / r) · B A`` under the base model's own name (``model.layers.0.self_attn.q_proj.weight``, not peft's
@@ -19,8 +20,8 @@ from typing import Any, Sequence
 
 import torch
 
+from openrlhf_hacpo.actors.agent_plan import LoraPlan
 from openrlhf_hacpo.actors.weight_entry import LowRankDelta, WeightEntry, weight_entries
-from openrlhf_hacpo.config import AgentConfig
 
 __all__ = ["AdapterDisabledReference", "adapter_state_dict", "apply_lora", "base_model", "is_lora_model",
            "merged_entries"]
@@ -38,29 +39,29 @@ def is_lora_model(model: Any) -> bool:
     return isinstance(model, PeftModel)
 
 
-def _target_modules(agent: AgentConfig) -> str | list[str]:
-    value = agent.target_modules.strip()
+def _target_modules(lora: LoraPlan) -> str | list[str]:
+    value = lora.target_modules.strip()
     if value == "all-linear":
         return value
     return [name.strip() for name in value.split(",") if name.strip()]
 
 
-def apply_lora(model: torch.nn.Module, agent: AgentConfig) -> torch.nn.Module:
-    """``model`` wrapped with a LoRA adapter of rank ``agent.lora_rank`` on ``agent.target_modules`` (the model
-    unchanged when the rank is 0). Only the adapter's parameters require gradients afterwards; with gradient
-    checkpointing the input embeddings' output requires gradients too, so the checkpointed blocks have a gradient
-    path although the embedding is frozen. Raises ``ValueError`` naming the agent when the target modules match
+def apply_lora(model: torch.nn.Module, lora: LoraPlan, agent: str) -> torch.nn.Module:
+    """``model`` wrapped with the LoRA adapter of agent ``agent``'s plan (:attr:`~openrlhf_hacpo.actors.agent_plan.
+    AgentPlan.lora`): rank ``lora.rank`` on ``lora.target_modules`` (the model unchanged when the rank is 0). Only
+    the adapter's parameters require gradients afterwards; with gradient checkpointing the input embeddings' output
+    requires gradients too, so the checkpointed blocks have a gradient path although the embedding is frozen. Raises ``ValueError`` naming the agent when the target modules match
     nothing or the adapter cannot be exported as merged weights."""
-    if not agent.lora_rank:
+    if not lora.enabled:
         return model
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=agent.lora_rank, lora_alpha=agent.lora_alpha, lora_dropout=agent.lora_dropout,
-                        target_modules=_target_modules(agent), bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=_target_modules(lora), bias="none", task_type="CAUSAL_LM")
     try:
         wrapped = get_peft_model(model, config)
     except ValueError as err:
-        raise ValueError(f"agent {agent.name!r}: LoRA with target_modules={agent.target_modules!r} cannot wrap "
+        raise ValueError(f"agent {agent!r}: LoRA with target_modules={lora.target_modules!r} cannot wrap "
                          f"{type(model).__name__}: {err}") from None
     for name, param in wrapped.named_parameters():
         param.requires_grad_(_is_adapter_name(wrapped, name))
@@ -69,7 +70,7 @@ def apply_lora(model: torch.nn.Module, agent: AgentConfig) -> torch.nn.Module:
     try:
         merged_entries(wrapped)  # refuse an adapter the engines could not receive before training starts
     except ValueError as err:
-        raise ValueError(f"agent {agent.name!r}: {err}") from None
+        raise ValueError(f"agent {agent!r}: {err}") from None
     return wrapped
 
 

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 
 from openrlhf_hacpo.actors import first_update
+from openrlhf_hacpo.actors.agent_plan import AgentPlan
 from openrlhf_hacpo.actors.deepspeed_setup import build_policy_engine, init_agent_process_group
 from openrlhf_hacpo.actors.lora import AdapterDisabledReference
 from openrlhf_hacpo.actors.policy_io import PolicyIO
@@ -44,18 +45,20 @@ class PolicyWorker:
 
     Args:
         cfg: the run configuration.
-        agent_index: index of this agent in ``cfg.agents``.
+        plan: this agent's plan (:class:`~openrlhf_hacpo.actors.agent_plan.AgentPlan`, from the driver): its LoRA
+            adapter and where its reference log-probs come from.
         rank / world_size: data-parallel rank of this worker within the agent and the agent's worker count.
         master_addr / master_port: rendezvous of the agent's process group (rank 0's address; see
             :meth:`get_master_addr_port`). ``None`` on rank 0 of a single-worker agent picks a free local port.
         total_updates: optimizer updates of the whole run (for the learning-rate schedule).
     """
 
-    def __init__(self, cfg: TrainConfig, agent_index: int, rank: int = 0, world_size: int = 1,
+    def __init__(self, cfg: TrainConfig, plan: AgentPlan, rank: int = 0, world_size: int = 1,
                  master_addr: str | None = None, master_port: int | None = None, total_updates: int = 1) -> None:
         self.cfg = cfg
-        self.agent_index = agent_index
-        self.agent = cfg.resolved_agents()[agent_index]
+        self.plan = plan
+        self.agent_index = plan.index
+        self.agent = cfg.resolved_agents()[plan.index]  # model, tokenizer and optimizer settings
         self.rank, self.world_size = rank, world_size
         self.master_addr, self.master_port = master_addr, master_port
         self.total_updates = total_updates
@@ -85,7 +88,7 @@ class PolicyWorker:
         init_agent_process_group(self.cfg, agent, self.rank, self.world_size, self.master_addr, self.master_port,
                                  self.device)
         self.tokenizer = load_tokenizer(agent.tokenizer_path, agent.chat_template, owner=f"agent {agent.name!r}")
-        built = build_policy_engine(self.cfg, agent, self.total_updates)
+        built = build_policy_engine(self.cfg, agent, self.plan.lora, self.total_updates)
         self.engine, self.model, self.client_optimizer = built.engine, built.model, built.client_optimizer
         self._hf_ds_config = built.hf_ds_config  # ZeRO-3: keeps transformers' loading config alive
         self.states = built.states  # deepspeed_enable_sleep: see sleep() / wake()
@@ -103,8 +106,7 @@ class PolicyWorker:
         if self.cfg.old_logp_from_update:
             first_update.check_dropout_free(self.model, agent.name)
         self.io = PolicyIO(agent, self.engine, self.tokenizer, self.rank, self.world_size, self.device)
-        if agent.lora_rank and self.cfg.algo.loss.uses_kl:
-            # a LoRA agent's reference is its own model with the adapter off: no reference worker is launched
+        if self.plan.adapter_reference:  # the plan launched no reference worker: the adapter-off model is it
             self.updater.reference = AdapterDisabledReference(
                 self.model, self.pad_token_id, self.cfg.micro_train_batch_size, self.device,
                 logprob_path=self.cfg.logprob_path, kernel_backend=self.cfg.kernel_backend)
@@ -124,8 +126,9 @@ class PolicyWorker:
                                memory_source=memory.source)
 
     def set_reference(self, reference: Any) -> None:
-        """Handle of this agent's reference worker (a Ray actor handle or a plain :class:`ReferenceWorker`); a LoRA
-        agent has none (its reference is :class:`~openrlhf_hacpo.actors.lora.AdapterDisabledReference`)."""
+        """Handle of this agent's reference worker (a Ray actor handle or a plain :class:`ReferenceWorker`); an agent
+        whose plan has none (:attr:`~openrlhf_hacpo.actors.agent_plan.AgentPlan.has_reference`) gets no call, a LoRA
+        agent's reference being :class:`~openrlhf_hacpo.actors.lora.AdapterDisabledReference`."""
         self.updater.reference = reference
 
     # ------------------------------------------------------------------------------------------------ rollout

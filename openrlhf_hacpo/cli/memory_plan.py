@@ -22,6 +22,7 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.trainer.memory_check import gpu_bytes_of
     from openrlhf_hacpo.trainer.memory_layout import agent_layouts
     from openrlhf_hacpo.trainer.memory_plan import plan_run
@@ -30,7 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         cfg = build_config(argv)
-        plan = plan_run(agent_layouts(cfg, load_model_configs(cfg)), gpu_bytes_of(cfg), shared_gpu=not cfg.use_ray)
+        layouts = agent_layouts(cfg, plan_agents(cfg, on_gpu=True), load_model_configs(cfg))
+        plan = plan_run(layouts, gpu_bytes_of(cfg), shared_gpu=not cfg.use_ray)
     except (ValueError, OSError) as err:  # bad settings; a model folder or hub id without a readable config
         print(f"memory_plan: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["CPU_BUNDLE_CPUS", "PLACEMENT_FILE", "AgentDemand", "AgentPlacement", "ClusterNode", "PlacementError", "agent_demands", "cross_node_sync_bytes",
-           "nodes_from_ray", "plan_nodes", "resolve_pin"]
+__all__ = ["CPU_BUNDLE_CPUS", "PLACEMENT_FILE", "AgentDemand", "AgentPlacement", "ClusterNode", "PlacementError",
+           "cross_node_sync_bytes", "nodes_from_ray", "plan_nodes", "resolve_pin"]
 
 
 PLACEMENT_FILE = "placement.json"
@@ -67,7 +67,8 @@ class ClusterNode:
 class AgentDemand:
     """One agent's bundles: ``dp`` policy ranks, ``engines`` vLLM engines of ``tp`` GPUs, colocated (engines and
     reference share the policy's GPUs) or not; ``reference`` when a reference model runs on policy bundle 0;
-    ``node`` pins the agent to a node."""
+    ``node`` pins the agent to a node. A run's demands are its agents' plans'
+    (:attr:`openrlhf_hacpo.actors.agent_plan.AgentPlan.demand`)."""
 
     agent: str
     dp: int
@@ -79,6 +80,7 @@ class AgentDemand:
 
     @property
     def policy_bundles(self) -> int:
+        """``dp``, or max(dp, engines × tp) when the engines share the policy's bundles (the one formula)."""
         return max(self.dp, self.engines * self.tp) if self.colocated else self.dp
 
     @property
@@ -109,22 +111,6 @@ class AgentPlacement:
     def engine_nodes(self, index: int) -> tuple[str, ...]:
         """Nodes of engine ``index``'s shards."""
         return self.engines[index * self.tp:(index + 1) * self.tp]
-
-
-def agent_demands(cfg, on_gpu: bool = True) -> list[AgentDemand]:
-    """Every agent's :class:`AgentDemand` under a :class:`~openrlhf_hacpo.config.TrainConfig`: engines only with the
-    ``vllm`` backend, colocated under ``--colocate_all_models`` on GPUs (CPU engines always have their own
-    bundles); a reference when the loss has a KL term and the agent trains no LoRA adapter (whose base model serves as
-    the reference)."""
-    vllm = cfg.rollout_backend == "vllm"
-    out = []
-    for agent in cfg.resolved_agents():
-        lora = (agent.lora_rank or 0) > 0
-        out.append(AgentDemand(agent=agent.name, dp=agent.dp_size, engines=agent.vllm_num_engines if vllm else 0,
-                               tp=agent.vllm_tensor_parallel_size,
-                               colocated=cfg.colocate_all_models and vllm and on_gpu,
-                               reference=cfg.algo.loss.uses_kl and not lora, node=agent.node))
-    return out
 
 
 def resolve_pin(pin: str, nodes: Sequence[ClusterNode], agent: str) -> ClusterNode:

@@ -24,11 +24,15 @@ saved with every checkpoint (:mod:`~openrlhf_hacpo.trainer.in_flight`). The last
 
 Sampling is seeded by (run seed, step, agent), so a run resumed from a checkpoint samples exactly what an
 uninterrupted run would have.
+
+The controller's other jobs are in their own modules: Ray, the device, the agents' plans and where the workers
+landed (:class:`~openrlhf_hacpo.trainer.run_cluster.RunCluster`); the run folder, resume and joint checkpoints
+(:class:`~openrlhf_hacpo.trainer.run_checkpoints.RunCheckpoints`); one record per agent and step
+(:func:`~openrlhf_hacpo.trainer.step_metrics.agent_step_record`).
 """
 from __future__ import annotations
 
 import logging
-import os
 import random
 from pathlib import Path
 from typing import Any, Sequence
@@ -36,36 +40,29 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from openrlhf_hacpo.actors.first_update import record_old_logps
 from openrlhf_hacpo.actors.agent_group import AgentGroup, AgentPhaseTimeout, AgentWorkerDied, Pending
-from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult
+from openrlhf_hacpo.actors.first_update import record_old_logps
+from openrlhf_hacpo.actors.results import TrainStepResult
 from openrlhf_hacpo.algorithms import CapabilityTracker
-from openrlhf_hacpo.engines.base import SamplingConfig
-from openrlhf_hacpo.engines.node_plan import PLACEMENT_FILE, AgentPlacement, nodes_from_ray
-from openrlhf_hacpo.utils.seeding import derive_seed
-from openrlhf_hacpo.rollout import RewardFunctionError, RewardRunner, RolloutStore
-from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
-from openrlhf_hacpo.trainer.in_flight import GeneratedBatch
-from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state
 from openrlhf_hacpo.config import TrainConfig
+from openrlhf_hacpo.engines.base import SamplingConfig
+from openrlhf_hacpo.rollout import RewardRunner, RolloutStore
 from openrlhf_hacpo.trainer.evaluation import Evaluator
 from openrlhf_hacpo.trainer.failures import TrainingError, worker_failure
-from openrlhf_hacpo.trainer.fs_check import (FS_CHECK_TIMEOUT_S, check_shared_folders, node_labels, remove_on_nodes,
-                                             worker_node_ids)
-from openrlhf_hacpo.trainer.fingerprint import config_fingerprint, fingerprint_differences
+from openrlhf_hacpo.trainer.fingerprint import config_fingerprint
+from openrlhf_hacpo.trainer.fs_check import worker_node_ids
+from openrlhf_hacpo.trainer.in_flight import GeneratedBatch
 from openrlhf_hacpo.trainer.metrics import MetricsLogger
 from openrlhf_hacpo.trainer.mismatch_watch import check_mismatch, mismatch_metrics
-from openrlhf_hacpo.trainer.preflight import (check_node_placement, resolve_attention, resolve_hub_models,
-                                              run_gpu_stack_preflight)
+from openrlhf_hacpo.trainer.preflight import resolve_attention, resolve_hub_models
 from openrlhf_hacpo.trainer.reward_watch import RewardStallWatcher
-from openrlhf_hacpo.trainer.run_folder import RunLock, check_run_folder, run_outputs
+from openrlhf_hacpo.trainer.rollout_phase import finish_rollouts, rollout_sampling, start_rollouts
+from openrlhf_hacpo.trainer.run_checkpoints import RunCheckpoints
+from openrlhf_hacpo.trainer.run_cluster import RunCluster
+from openrlhf_hacpo.trainer.run_folder import RunLock
 from openrlhf_hacpo.trainer.run_inputs import check_run_inputs
-from openrlhf_hacpo.trainer.step_metrics import agent_step_record
-from openrlhf_hacpo.utils.atomic import atomic_write_json
-from openrlhf_hacpo.utils.errors import CheckpointError, RunFolderError
-from openrlhf_hacpo.utils.logging_setup import LOG_FILE, attach_run_log
-from openrlhf_hacpo.utils.network import driver_started_ray
-from openrlhf_hacpo.utils.shutdown import keep_signal_handlers
+from openrlhf_hacpo.trainer.step_metrics import step_records
+from openrlhf_hacpo.utils.rng import capture_rng_state, restore_rng_state
 from openrlhf_hacpo.utils.timing import PhaseTimer
 
 __all__ = ["HACPOController", "TrainingError", "wait_all"]
@@ -91,75 +88,33 @@ class HACPOController:
         self.step = 0
         self.store = RolloutStore(keep_last_steps=1)
         self.tracker = CapabilityTracker(cfg.num_agents, cfg.algo.capability)
-        self.ckpt = CheckpointManager(cfg.checkpoint_dir, max_keep=cfg.max_ckpt_num)
         self.history: list[list[dict[str, Any]]] = []
         self.eval_history: list[list[dict[str, Any]]] = []
-        self.last_checkpoint: Path | None = None
         self.reward_runner: RewardRunner | None = None
         self.metrics: MetricsLogger | None = None
         self.evaluator: Evaluator | None = None
-        self._started_ray = False
-        # this process started the Ray instance the run uses (ranks then meet on --bind_host), as opposed to joining
-        # a cluster by any route (openrlhf_hacpo.utils.network.driver_started_ray)
-        self.started_local_ray = False
-        self.placement: dict[str, Any] = {}
         self._ready = False
-        self.lock = RunLock(cfg.save_path)
-        self._log_handler: logging.Handler | None = None
+        lock = RunLock(cfg.save_path)
+        self.cluster = RunCluster(cfg, lock)  # Ray, the device, the agents' plans, where the workers landed
+        # taken before preflight resolves hub ids to local folders, so a resume compares the settings as given
+        self.fingerprint = config_fingerprint(cfg)
+        self.checkpoints = RunCheckpoints(cfg, self.fingerprint, self.cluster, lock)
         # the command-line arguments of this run, when started from the command line: failures then name the exact
         # command that resumes it (openrlhf_hacpo.trainer.failures.resume_command)
         self.argv: list[str] | None = None
-        # node id -> "address (host, node id)", for errors naming a node (filled once the workers are placed)
-        self.node_labels: dict[str, str] = {}
-        # <save_path>/train.log once this run logs there (the command line appends the final error to it)
-        self.run_log: Path | None = None
-        self._resume_state: tuple[Path, dict[str, Any]] | None = None
         # --one_step_off: the next step's batch, generated while this step trained (trainer/in_flight.py)
         self.in_flight: GeneratedBatch | None = None
         self.reward_watch = RewardStallWatcher(cfg.agent_names, cfg.reward_fn, cfg.reward_stall_steps)
-        # taken before preflight resolves hub ids to local folders, so a resume compares the settings as given
-        self.fingerprint = config_fingerprint(cfg)
+
+    # the run folder's lock, the newest complete checkpoint, <save_path>/train.log (RunCheckpoints)
+    lock = property(lambda self: self.checkpoints.lock)
+    last_checkpoint = property(lambda self: self.checkpoints.last_checkpoint)
+    run_log = property(lambda self: self.checkpoints.run_log)
 
     # ------------------------------------------------------------------------------------------------ setup
     def preflight(self) -> None:
         """Check inputs before any worker starts (:func:`~openrlhf_hacpo.trainer.run_inputs.check_run_inputs`)."""
         self.dataloader, self.eval_records = check_run_inputs(self.cfg)
-
-    def _prepare_run_folder(self) -> None:
-        """Take the run lock, refuse or clear an earlier run's outputs, remove stale save leftovers, log to the
-        folder; on ``--resume`` read and check the trainer state now, before any worker starts. The lock comes first:
-        a run still using the folder refuses this driver before ``--overwrite`` deletes anything."""
-        cfg = self.cfg
-        self.lock.acquire()
-        check_run_folder(cfg, cfg.overwrite)
-        self._log_handler = attach_run_log(cfg.save_path)
-        self.run_log = Path(cfg.save_path) / LOG_FILE
-        self.ckpt.clean_stale()
-        if cfg.resume:
-            checkpoint = self.ckpt.latest()
-            if checkpoint is None:
-                outputs = run_outputs(cfg)
-                if outputs:
-                    raise RunFolderError(f"--resume: no checkpoint under {cfg.checkpoint_dir}, but {cfg.save_path} "
-                                         f"holds a run's outputs ({', '.join(map(str, outputs))}) that a fresh start "
-                                         "would replace; start over with --overwrite instead of --resume")
-                logger.warning("--resume: no checkpoint under %s, starting from scratch", cfg.checkpoint_dir)
-                return
-            state = self.ckpt.load_trainer_state(checkpoint)
-            if state.get("agents") != cfg.agent_names:
-                raise ValueError(f"checkpoint {checkpoint} holds agents {state.get('agents')}, this run has "
-                                 f"{cfg.agent_names}")
-            self.ckpt.check_complete(checkpoint, cfg.agent_names)
-            stored = state.get("fingerprint")
-            differences = fingerprint_differences(stored, self.fingerprint) if stored is not None else []
-            if differences and not cfg.resume_accept_mismatch:
-                raise CheckpointError(f"checkpoint {checkpoint} was written with other settings; resume with the same "
-                                      "settings, or pass --resume_accept_mismatch to continue with the new ones: "
-                                      + "; ".join(differences))
-            if differences:
-                logger.warning("--resume_accept_mismatch: continuing %s with changed settings: %s", checkpoint,
-                               "; ".join(differences))
-            self._resume_state = (checkpoint, state)
 
     @property
     def total_steps(self) -> int:
@@ -167,39 +122,37 @@ class HACPOController:
         return min(steps, self.cfg.max_steps) if self.cfg.max_steps is not None else steps
 
     def setup(self) -> None:
-        """Preflight, start Ray (unless already running), launch every agent's workers, resume if asked."""
+        """Preflight, start Ray (unless already running), plan every agent once and launch its workers where the
+        plan puts them, resume if asked."""
         if self._ready:
             return
         cfg = self.cfg
         random.seed(cfg.seed)
         np.random.seed(cfg.seed % 2**32)
         torch.manual_seed(cfg.seed)
-        self._prepare_run_folder()
+        self.checkpoints.prepare()
         resolve_hub_models(cfg)
         resolve_attention(cfg)
         self.preflight()
-        use_gpu = self._use_gpu()
-        run_gpu_stack_preflight(cfg, use_gpu, self._cluster_gpus())
-        node_plan = self._node_plan(use_gpu)
-        if node_plan is not None:  # the workers' nodes are known: check the folders before any model loads
-            self._check_shared_folders([n for placement in node_plan for n in placement.nodes])
+        plans = self.cluster.plan()  # device, plans, their checks and nodes (trainer/run_cluster.py)
+        if any(p.nodes is not None for p in plans):  # the workers' nodes are known: check the folders now
+            self.cluster.check_shared_folders([n for p in plans if p.nodes is not None for n in p.nodes.nodes])
         total_updates = self.total_steps * cfg.updates_per_step
-        self.groups = [AgentGroup(cfg, i, total_updates, use_gpu=use_gpu,
-                                  node_placement=node_plan[i] if node_plan is not None else None,
-                                  started_local_ray=self.started_local_ray) for i in range(cfg.num_agents)]
+        self.groups = [AgentGroup(cfg, plan, total_updates, started_local_ray=self.cluster.started_local_ray)
+                       for plan in plans]
         launches = [g.launch() for g in self.groups]
         self.worker_info = self._guard(lambda: wait_all(launches), "launching the workers")
-        self.placement = self._record_placement()
-        self._record_worker_nodes()
-        if node_plan is None:  # Ray placed the workers (a one-node cluster): check the nodes they landed on
-            self._check_shared_folders(worker_node_ids(self.placement))
+        self.cluster.record_placement(self.groups)
+        self.cluster.record_worker_nodes(self.groups)
+        if all(p.nodes is None for p in plans):  # Ray placed the workers (one node): check where they landed
+            self.cluster.check_shared_folders(worker_node_ids(self.cluster.placement))
         self.reward_runner = RewardRunner(cfg.reward_fn, num_workers=cfg.reward_num_workers,
                                           timeout_s=cfg.reward_timeout)
         if self.eval_records:
             self.evaluator = Evaluator(self.eval_records, self.reward_runner,
                                        cfg.eval_generate_max_len or cfg.generate_max_len, cfg.eval_n_samples,
                                        cfg.eval_temperature, cfg.seed)
-        if self._resume_state is not None:
+        if self.checkpoints.resume_state is not None:
             self._resume()
         wandb = None
         if cfg.use_wandb:
@@ -208,117 +161,6 @@ class HACPOController:
         self.metrics = MetricsLogger(cfg.save_path, cfg.use_tensorboard, wandb, total_steps=self.total_steps,
                                      show_progress=cfg.progress_bar, initial_step=self.step)
         self._ready = True
-
-    def _use_gpu(self) -> bool:
-        cfg = self.cfg
-        if cfg.device != "auto":
-            if cfg.device == "cuda" and not cfg.use_ray and not torch.cuda.is_available():
-                raise ValueError("device='cuda' but no CUDA device is visible")
-            if cfg.use_ray:
-                self._init_ray()
-            return cfg.device == "cuda"
-        if not cfg.use_ray:
-            return torch.cuda.is_available()
-        import ray
-
-        self._init_ray()
-        return ray.cluster_resources().get("GPU", 0) > 0
-
-    def _cluster_gpus(self) -> float | None:
-        if not self.cfg.use_ray:
-            return None
-        import ray
-
-        return float(ray.cluster_resources().get("GPU", 0))
-
-    def _init_ray(self) -> None:
-        import ray
-
-        if not ray.is_initialized():
-            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            address = self.cfg.ray_address or os.environ.get("RAY_ADDRESS")
-            if address:
-                with keep_signal_handlers():
-                    ray.init(address=address, log_to_driver=True)
-            else:
-                with keep_signal_handlers():
-                    ray.init(ignore_reinit_error=True, log_to_driver=True, include_dashboard=False,
-                             _node_ip_address=self.cfg.bind_host)
-                self._started_ray = True
-                self.lock.record_processes(_ray_process_ids())
-        self.started_local_ray = driver_started_ray()
-
-    def _node_plan(self, use_gpu: bool) -> list[AgentPlacement] | None:
-        """The node of every agent's bundles (GPUs; CPUs on a CPU-only run), checked against every node's size
-        (``ray.nodes()``); None without Ray and on a one-node cluster, where Ray packs each agent's GPU bundles as it
-        always has (checked to fit) and CPU workers ask for no CPUs (not checked: they share the node's cores)."""
-        if not self.cfg.use_ray:
-            return None
-        import ray
-
-        nodes = nodes_from_ray(ray.nodes())
-        if len(nodes) < 2 and not use_gpu:
-            return None
-        plan = check_node_placement(self.cfg, nodes, "GPU" if use_gpu else "CPU")
-        if len(nodes) < 2:
-            return None
-        address = {n.node_id: n.label for n in nodes}
-        for placement in plan:
-            logger.info("placement plan: agent %r: policy bundles on %s; engine bundles on %s", placement.agent,
-                        ", ".join(address[n] for n in placement.policy),
-                        ", ".join(address[n] for n in placement.engines) or "(none dedicated)")
-        return plan
-
-    def _record_placement(self) -> dict[str, Any]:
-        """Log where every worker and engine landed (node address and id, GPU ids) and write it to
-        ``<save_path>/placement.json``; ``{}`` without Ray."""
-        if not self.cfg.use_ray:
-            return {}
-        try:
-            placement = {g.name: g.locations() for g in self.groups}
-        except Exception as err:  # noqa: BLE001 - a record, not a reason to stop the run
-            logger.warning("could not record where the workers landed: %s: %s", type(err).__name__, err)
-            return {}
-        for agent, roles in placement.items():
-            for role, entries in roles.items():
-                if role == "rendezvous":
-                    if entries is not None:
-                        logger.info("agent %r: DeepSpeed group meets on %s:%d", agent, entries["address"],
-                                    entries["port"])
-                    continue
-                for entry in entries if isinstance(entries, list) else [entries]:
-                    index = entry.get("rank", entry.get("engine"))
-                    which = f" {index}" if index is not None else ""
-                    logger.info("agent %r %s%s on %s (node %s), GPUs %s", agent, role, which, entry["address"],
-                                entry["node_id"][:8], ",".join(entry["gpu_ids"]) or "none")
-        atomic_write_json(Path(self.cfg.save_path) / PLACEMENT_FILE, placement)
-        return placement
-
-    def _record_worker_nodes(self) -> None:
-        """Give every agent group the node of each of its workers (from the placement records), for errors."""
-        if not (self.cfg.use_ray and self.placement):
-            return
-        import ray
-
-        self.node_labels = node_labels(ray.nodes())
-        for group in self.groups:
-            group.record_nodes(self.placement.get(group.name, {}), self.node_labels)
-
-    def _check_shared_folders(self, node_ids: list[str]) -> None:
-        """Prove that the nodes ``node_ids`` (those hosting a worker) share the run folder and the checkpoint folder
-        with the driver (:mod:`openrlhf_hacpo.trainer.fs_check`; no task runs when they are all the driver's)."""
-        if not self.cfg.use_ray:
-            return
-        import ray
-
-        if not node_ids:
-            logger.warning("the workers' nodes are unknown: the shared-folder check of %s is skipped",
-                           self.cfg.save_path)
-            return
-        Path(self.cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        timeout = min(self.cfg.step_timeout or FS_CHECK_TIMEOUT_S, FS_CHECK_TIMEOUT_S)
-        check_shared_folders([self.cfg.save_path, self.cfg.checkpoint_dir], node_ids, node_labels(ray.nodes()),
-                             ray.get_runtime_context().get_node_id(), timeout_s=timeout)
 
     # ------------------------------------------------------------------------------------------------ loop
     def fit(self) -> list[list[dict[str, Any]]]:
@@ -356,10 +198,8 @@ class HACPOController:
             raise worker_failure(what, err, self.last_checkpoint, self.cfg.checkpoint_dir, self.argv) from err
 
     def sampling_for(self, step: int, agent: str) -> SamplingConfig:
-        cfg = self.cfg
-        return SamplingConfig(n=cfg.n_samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p,
-                              top_k=cfg.top_k, max_new_tokens=cfg.generate_max_len,
-                              seed=derive_seed(cfg.seed, "rollout", step, agent))
+        """Agent ``agent``'s sampling at ``step`` (:func:`~openrlhf_hacpo.trainer.rollout_phase.rollout_sampling`)."""
+        return rollout_sampling(self.cfg, step, agent)
 
     def train_one_step(self) -> list[dict[str, Any]]:
         """Run one full step (rollout, reward, capability, update, sync); returns one record per agent.
@@ -401,50 +241,20 @@ class HACPOController:
             sync_s = [g.sync_weights() for g in self.groups]
         self.step = step
 
-        summary = self.store.summary(step)
-        names = [g.name for g in self.groups]
         # the driver's waits of this step: for its own batch (generated now) or for the next one (generated meanwhile)
         waited = batch.phases if generated_now else self.in_flight.phases if self.in_flight is not None else {}
         phases = {"rollout_phase": 0.0, "reward": 0.0, **timer.seconds, **waited}
-        records = [agent_step_record(step, k, names, summary[k], [t for t in trajectories if t.source == k],
-                                     capability, ratios, rollout, result, phases, sync_s[k],
-                                     staleness=[versions[k] - t.policy_version for t in self._rows_of(k, trajectories)])
-                   for k, (rollout, result) in enumerate(zip(rollouts, trained))]
+        names = [g.name for g in self.groups]
+        records = step_records(step, names, self.store.summary(step), trajectories, capability, ratios, rollouts,
+                               trained, phases, sync_s, versions, cfg.algo.trains_on_foreign)
         for record, mismatch in zip(records, mismatch_metrics(rollouts, names, cfg.algo.trains_on_foreign)):
             record.update(mismatch)
         self.history.append(records)
         return records
 
-    def _rows_of(self, learner: int, trajectories: Sequence[Any]) -> list[Any]:
-        """The trajectories learner ``learner`` trains on: every agent's (``hacpo``, ``naive``) or its own."""
-        if self.cfg.algo.trains_on_foreign:
-            return list(trajectories)
-        return [t for t in trajectories if t.source == learner]
-
-    def _start_rollouts(self, step: int, prompts: Sequence[Any],
-                        rendered: Sequence[Any] | None = None) -> list[Pending]:
-        """Every agent's rollout of ``prompts`` for ``step``, started (``rendered``: each agent's rendering)."""
-        rendered = rendered if rendered is not None else [None] * len(self.groups)
-        return [g.rollout(prompts, self.sampling_for(step, g.name), step, rendered=r)
-                for g, r in zip(self.groups, rendered)]
-
-    def _finish_rollouts(self, step: int, pendings: Sequence[Pending]) -> GeneratedBatch:
-        """Wait for the rollouts (the ``rollout_phase``), verify every trajectory once (``reward``)."""
-        timer = PhaseTimer()
-        with timer.phase("rollout_phase"):
-            rollouts: list[RolloutResult] = wait_all(pendings)
-        batch = GeneratedBatch(step=step, rollouts=rollouts)
-        with timer.phase("reward"):
-            try:
-                self.reward_runner.score_trajectories(batch.trajectories)
-            except RewardFunctionError as err:
-                raise RewardFunctionError(f"step {step}: {err}") from err
-        batch.phases = dict(timer.seconds)
-        return batch
-
     def _generate(self, step: int, prompts: Sequence[Any]) -> GeneratedBatch:
         """1) rollouts of every agent on the same prompts, concurrently; 2) one verification per trajectory."""
-        return self._finish_rollouts(step, self._start_rollouts(step, prompts))
+        return finish_rollouts(step, start_rollouts(self.cfg, self.groups, step, prompts), self.reward_runner)
 
     def _shared(self, trajectories: list[Any]) -> Any:
         """The step's trajectories as every learner receives them: with Ray one copy in the object store."""
@@ -473,7 +283,7 @@ class HACPOController:
             shared = self._shared(trajectories)
             if not cfg.old_logp_from_update:
                 training = [g.train_step(shared, step, ratios) for g in self.groups]
-                generating = self._start_rollouts(step + 1, prompts, rendered) if overlap else None
+                generating = start_rollouts(cfg, self.groups, step + 1, prompts, rendered) if overlap else None
                 trained: list[TrainStepResult] = wait_all(training)
             elif not cfg.trains_on_foreign:  # gspo / grpo: no learner reads another's old log-probs, one call each
                 trained = wait_all([g.train_step(shared, step, ratios) for g in self.groups])
@@ -484,7 +294,7 @@ class HACPOController:
                 old_means = record_old_logps(trajectories, own)
                 trained = wait_all([g.train_finish(old_means) for g in self.groups])
                 generating = None
-        next_batch = self._finish_rollouts(step + 1, generating) if generating is not None else None
+        next_batch = finish_rollouts(step + 1, generating, self.reward_runner) if generating is not None else None
         return trained, next_batch
 
     # ------------------------------------------------------------------------------------------------ evaluation
@@ -514,68 +324,20 @@ class HACPOController:
         }
 
     def save_checkpoint(self) -> Path:
-        """Write the joint checkpoint of the current step (atomic; old ones pruned to ``max_ckpt_num``).
-
-        It counts (moved into place, named by ``latest``, older ones pruned, announced in the log) only once every
-        file every rank of every agent wrote has been verified from the driver
-        (:func:`~openrlhf_hacpo.trainer.checkpoint.verify_saved_files`); a failed save is removed on every node."""
-        manifests: dict[str, list[dict[str, Any]]] = {}
-
-        def write_agents(tmp: Path) -> dict[str, list[dict[str, Any]]]:
-            pendings = [g.save_checkpoint(str(CheckpointManager.agent_dir(tmp, g.name))) for g in self.groups]
-            for group, ranks in zip(self.groups, wait_all(pendings)):
-                manifests[group.name] = [{**rank, "node": self._rank_node(group.name, rank.get("rank"))}
-                                         for rank in ranks]
-            return manifests
-
-        self.last_checkpoint = self._guard(
-            lambda: self.ckpt.save(self.step, self.trainer_state(), write_agents, self._first_checkpoint_size(),
-                                   on_failure=self._remove_on_worker_nodes),
-            f"saving the checkpoint of step {self.step}")
-        files = sum(len(rank.get("files") or {}) for ranks in manifests.values() for rank in ranks)
-        logger.info("saved joint checkpoint %s (%d files of %d ranks verified)", self.last_checkpoint, files,
-                    sum(map(len, manifests.values())))
-        return self.last_checkpoint
-
-    def _rank_node(self, agent: str, rank: int | None) -> str | None:
-        """How errors name the node of ``agent``'s policy ``rank`` (from the placement records), None if unknown."""
-        entries = self.placement.get(agent, {}).get("policy") or []
-        entry = next((e for e in entries if e.get("rank") == rank), None)
-        if entry is None:
-            return None
-        return self.node_labels.get(entry["node_id"], entry.get("address"))
-
-    def _remove_on_worker_nodes(self, path: Path) -> None:
-        """Remove ``path`` in the view of every node hosting a worker other than the driver's (a failed save's
-        temporary folder, which the driver has removed in its own view)."""
-        nodes = worker_node_ids(self.placement)
-        if not (self.cfg.use_ray and nodes):
-            return
-        import ray
-
-        driver = ray.get_runtime_context().get_node_id()
-        remove_on_nodes({node: [str(path)] for node in nodes if node != driver})
-
-    def _first_checkpoint_size(self) -> int:
-        """Estimated bytes of a joint checkpoint: per agent, its model files × 3 (weights and Adam's two moments,
-        in the dtype the files hold; fp32 master weights of bf16 runs add one more copy)."""
-        total = 0
-        for agent in self.cfg.resolved_agents():
-            if os.path.isdir(agent.pretrain):
-                weights = sum(os.path.getsize(os.path.join(agent.pretrain, f)) for f in os.listdir(agent.pretrain)
-                              if f.endswith((".safetensors", ".bin")))
-                total += weights * (4 if agent.bf16 else 3)
-        return total
+        """Write the joint checkpoint of the current step (:meth:`RunCheckpoints.save
+        <openrlhf_hacpo.trainer.run_checkpoints.RunCheckpoints.save>`: atomic, verified, old ones pruned)."""
+        return self._guard(lambda: self.checkpoints.save(self.step, self.trainer_state(), self.groups),
+                           f"saving the checkpoint of step {self.step}")
 
     def _resume(self) -> None:
-        checkpoint, state = self._resume_state
-        self._guard(lambda: wait_all([g.load_checkpoint(str(CheckpointManager.agent_dir(checkpoint, g.name)))
-                                      for g in self.groups]), f"loading checkpoint {checkpoint}")
+        """Load every agent's part of the checkpoint ``--resume`` chose, then the driver's state; the engines receive
+        the restored weights."""
+        state = self.checkpoints.load_agents(self.groups, self._guard)
+        checkpoint = self.last_checkpoint
         self.step = int(state["step"])
         self.dataloader.load_state_dict(state["dataloader"])
         self.tracker.load_state_dict(state["tracker"])
         restore_rng_state(state["rng"])
-        self.last_checkpoint = checkpoint
         if "in_flight" in state:
             self.in_flight = GeneratedBatch.from_state(state["in_flight"], self.cfg.num_agents,
                                                        f"checkpoint {checkpoint}")
@@ -587,9 +349,7 @@ class HACPOController:
 
     def save_hf(self) -> list[str]:
         """Per-agent Hugging Face checkpoints under ``<save_path>/hf/<agent>/``."""
-        paths = [str(Path(self.cfg.save_path) / "hf" / g.name) for g in self.groups]
-        self._guard(lambda: wait_all([g.save_hf(p) for g, p in zip(self.groups, paths)]), "saving HF checkpoints")
-        return paths
+        return self.checkpoints.save_hf(self.groups, self._guard)
 
     # ------------------------------------------------------------------------------------------------ teardown
     def close(self) -> None:
@@ -609,23 +369,6 @@ class HACPOController:
             attempt(self.reward_runner.close)
         for group in self.groups:
             attempt(group.shutdown)
-        if self._started_ray:
-            import ray
-
-            attempt(ray.shutdown)
-            self._started_ray = False
+        attempt(self.cluster.shutdown)
         attempt(self.lock.release)
-        if self._log_handler is not None:
-            logging.getLogger("openrlhf_hacpo").removeHandler(self._log_handler)
-            self._log_handler.close()
-            self._log_handler = None
-
-
-def _ray_process_ids() -> list[int]:
-    """Pids of the processes this driver has started (Ray's GCS, raylet, workers ...), for the run lock."""
-    import psutil
-
-    try:
-        return [child.pid for child in psutil.Process().children(recursive=True)]
-    except psutil.Error:
-        return []
+        self.checkpoints.close()

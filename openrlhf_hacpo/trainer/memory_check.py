@@ -4,9 +4,10 @@ worker starts and refused when a GPU cannot hold its share, unless ``--no_memory
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from openrlhf_hacpo.actors.agent_plan import AgentPlan
 from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.trainer.memory_layout import agent_layouts
 from openrlhf_hacpo.trainer.memory_plan import MemoryPlan, plan_run
@@ -32,13 +33,15 @@ def gpu_bytes_of(cfg: TrainConfig, detect: Callable[[], int | None] = detect_gpu
     return int(given * GIB) if given else detect()
 
 
-def launch_memory_plan(cfg: TrainConfig, model_configs: Mapping[str, Any], log: Callable[[str], None] = print,
+def launch_memory_plan(cfg: TrainConfig, plans: Sequence[AgentPlan], model_configs: Mapping[str, Any],
+                       log: Callable[[str], None] = print,
                        detect: Callable[[], int | None] = detect_gpu_bytes) -> MemoryPlan | None:
-    """Print the run's plan; raise its refusal (:meth:`MemoryPlan.check`) unless ``--no_memory_check``. Without a
-    known GPU size the plan is printed with a note and nothing is refused; a model the plan cannot count (a
-    mixture of experts, a config without the usual size fields) is named and the plan skipped (returns None)."""
+    """Print the memory plan of the agents' GPU ``plans``; raise its refusal (:meth:`MemoryPlan.check`) unless
+    ``--no_memory_check``. Without a known GPU size the plan is printed with a note and nothing is refused; a model
+    the plan cannot count (a mixture of experts, a config without the usual size fields) is named and the plan
+    skipped (returns None)."""
     try:
-        layouts = agent_layouts(cfg, model_configs)
+        layouts = agent_layouts(cfg, plans, model_configs)
     except ValueError as err:
         log(f"memory plan skipped: {err}")
         return None

@@ -1,15 +1,22 @@
 """Each agent's memory layout: :class:`AgentLayout`, everything one agent's bytes per GPU depend on (its model's
 shape, parallelism, ZeRO stage, precision, batch and sequence sizes, engines, LoRA and offload options), and
-:func:`agent_layouts`, which reads them from a run's :class:`~openrlhf_hacpo.config.TrainConfig` and the agents'
-Hugging Face configs."""
+:func:`agent_layouts`, which takes the layout (parallelism, engines, colocation, reference, LoRA, offload and sleep)
+from the agents' plans (:class:`~openrlhf_hacpo.actors.agent_plan.AgentPlan`), the training settings from the run's
+:class:`~openrlhf_hacpo.config.TrainConfig` and the model's shape from its Hugging Face config.
+
+An :class:`AgentLayout` is flat so that the refusal's what-ifs (:func:`~openrlhf_hacpo.trainer.memory_plan.
+fitting_options`) can change one field: its bundle count and whether it holds a reference model apply the plan's own
+rules (:class:`~openrlhf_hacpo.engines.node_plan.AgentDemand`, :func:`~openrlhf_hacpo.actors.agent_plan.
+owns_reference_model`) to its fields."""
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from openrlhf_hacpo.actors.agent_plan import AgentPlan, owns_reference_model
 from openrlhf_hacpo.config import TrainConfig
-from openrlhf_hacpo.engines.settings import resolve_engine_settings
+from openrlhf_hacpo.engines.node_plan import AgentDemand
 from openrlhf_hacpo.trainer.memory_sizes import REDUCE_BUCKET_ELEMENTS, ModelShape
 
 __all__ = ["AgentLayout", "agent_layouts"]
@@ -17,7 +24,10 @@ __all__ = ["AgentLayout", "agent_layouts"]
 
 @dataclass(frozen=True)
 class AgentLayout:
-    """Everything one agent's memory depends on (the formulas are in :mod:`openrlhf_hacpo.trainer.memory_rows`)."""
+    """Everything one agent's memory depends on (the formulas are in :mod:`openrlhf_hacpo.trainer.memory_rows`).
+
+    ``reference``: the loss has a KL term (a reference policy is asked for; :attr:`has_reference` says whether it
+    is a model of its own)."""
 
     name: str
     shape: ModelShape
@@ -70,38 +80,37 @@ class AgentLayout:
         return self.shape.largest_parameter()
 
     @property
+    def has_reference(self) -> bool:
+        """A reference model of its own (``w P`` on GPU 0 or, offloaded, in host memory): the plan's rule
+        (:func:`~openrlhf_hacpo.actors.agent_plan.owns_reference_model`: not for a LoRA agent)."""
+        return owns_reference_model(self.reference, self.lora_rank)
+
+    @property
     def policy_gpus(self) -> int:
-        return max(self.dp, self.engines * self.tensor_parallel) if self.colocated else self.dp
+        """The policy's bundles (:attr:`~openrlhf_hacpo.engines.node_plan.AgentDemand.policy_bundles`)."""
+        return AgentDemand(self.name, self.dp, self.engines, self.tensor_parallel, self.colocated).policy_bundles
 
 
-
-def agent_layouts(cfg: TrainConfig, model_configs: Mapping[str, Any]) -> list[AgentLayout]:
-    """Each agent's :class:`AgentLayout` from the run's config (inherited settings resolved) and its HF config.
-
-    The memory options (``lora_rank``, ``target_modules``, ``adam_offload``, ``param_offload``,
-    ``deepspeed_enable_sleep``, ``ref_reward_offload``) are read from the agent, else the run, when the config has
-    them; absent ones count as off."""
+def agent_layouts(cfg: TrainConfig, plans: Sequence[AgentPlan], model_configs: Mapping[str, Any]) -> list[AgentLayout]:
+    """Each agent's :class:`AgentLayout`: its layout from its plan (GPU plans: :func:`~openrlhf_hacpo.actors.
+    agent_plan.plan_agents` with ``on_gpu``), the training settings from the run's config (inherited settings
+    resolved), the shape from its HF config (``model_configs`` by agent name)."""
+    agents = cfg.resolved_agents()
     out = []
-    for agent in cfg.resolved_agents():
-        def option(name: str, default: Any) -> Any:
-            value = getattr(agent, name, None)
-            return getattr(cfg, name, default) if value is None else value
-
-        engines = agent.vllm_num_engines if cfg.rollout_backend == "vllm" else 0
-        settings = resolve_engine_settings(True, cfg.colocate_all_models,
-                                           gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                                           enable_sleep=cfg.vllm_enable_sleep)
+    for plan in plans:
+        agent = agents[plan.index]
+        settings = plan.engine_settings
         out.append(AgentLayout(
-            name=agent.name, shape=ModelShape.from_config(model_configs[agent.name], f"agent {agent.name!r}"),
-            dp=agent.dp_size, zero_stage=agent.zero_stage, bf16=bool(agent.bf16),
+            name=plan.name, shape=ModelShape.from_config(model_configs[plan.name], f"agent {plan.name!r}"),
+            dp=plan.dp, zero_stage=agent.zero_stage, bf16=bool(agent.bf16),
             gradient_checkpointing=bool(agent.gradient_checkpointing), micro_batch=cfg.micro_train_batch_size,
             prompt_len=cfg.prompt_max_len, response_len=cfg.generate_max_len, logprob_path=cfg.logprob_path,
-            attn_implementation=agent.attn_implementation, reference=cfg.algo.loss.uses_kl, engines=engines,
-            tensor_parallel=agent.vllm_tensor_parallel_size, colocated=cfg.colocate_all_models,
-            engine_utilization=settings.gpu_memory_utilization, engine_sleep=settings.enable_sleep_mode,
-            lora_rank=int(option("lora_rank", 0) or 0), target_modules=str(option("target_modules", "all-linear")),
-            adam_offload=bool(option("adam_offload", False)), param_offload=bool(option("param_offload", False)),
-            deepspeed_enable_sleep=bool(option("deepspeed_enable_sleep", False)),
-            ref_reward_offload=bool(option("ref_reward_offload", False)),
-            accumulation_steps=max(1, cfg.train_batch_size // (cfg.micro_train_batch_size * agent.dp_size))))
+            attn_implementation=agent.attn_implementation, reference=plan.kl, engines=plan.vllm_engines,
+            tensor_parallel=plan.tp, colocated=plan.colocated,
+            engine_utilization=settings.gpu_memory_utilization if settings is not None else 0.95,
+            engine_sleep=settings.enable_sleep_mode if settings is not None else False,
+            lora_rank=plan.lora.rank, target_modules=plan.lora.target_modules,
+            adam_offload=plan.adam_offload, param_offload=plan.param_offload,
+            deepspeed_enable_sleep=plan.deepspeed_enable_sleep, ref_reward_offload=plan.ref_reward_offload,
+            accumulation_steps=max(1, cfg.train_batch_size // (cfg.micro_train_batch_size * plan.dp))))
     return out

@@ -251,7 +251,7 @@ def plan_agent(lay: AgentLayout, gpu_bytes: int | None) -> list[GpuRow]:
     P, w = lay.shape.parameters(), lay.weight_bytes
     parts = policy_phases(lay)
     activations, logprobs = _activation_bytes(lay), _logprob_bytes(lay)
-    reference_bytes = w * P if lay.reference and lay.lora_rank == 0 else 0
+    reference_bytes = w * P if lay.has_reference else 0
     engine_gpus = lay.engines * lay.tensor_parallel
     engine_weights = _ceil(w * P, lay.tensor_parallel)
     engine_budget = int(lay.engine_utilization * gpu_bytes) if gpu_bytes is not None else engine_weights

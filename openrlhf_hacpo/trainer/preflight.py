@@ -8,12 +8,13 @@ agent at fault and the values that would work:
   *import*: a build made against another torch is installed but fails on import (undefined symbols), and would stop
   every policy and reference worker in ``from_pretrained``; either way the agents fall back to ``sdpa`` with a
   warning that gives the reason.
-* `check_gpu_count`: the GPUs every agent needs (policy ranks, plus dedicated engine GPUs) against the cluster's;
-  three 4-GPU agents on 8 GPUs would otherwise wait forever for their placement groups.
+* `check_gpu_count`: the GPUs every agent's plan needs (policy ranks, plus dedicated engine GPUs;
+  :class:`~openrlhf_hacpo.actors.agent_plan.AgentPlan`) against the cluster's; three 4-GPU agents on 8 GPUs would
+  otherwise wait forever for their placement groups.
 * `check_node_placement`: every agent's GPU bundles (CPU bundles on a CPU-only cluster) against each node's real size
-  (``ray.nodes()``), through the node planner (:mod:`openrlhf_hacpo.engines.node_plan`): its plan, or an error
-  naming the agent, its bundles and every node's free GPUs or CPUs (a 6-GPU agent does not fit two nodes with 4 free
-  each, though 8 GPUs are free in all).
+  (``ray.nodes()``), through the node planner (:mod:`openrlhf_hacpo.engines.node_plan`): the plans with the node of
+  every bundle, or an error naming the agent, its bundles and every node's free GPUs or CPUs (a 6-GPU agent does not
+  fit two nodes with 4 free each, though 8 GPUs are free in all).
 * `check_vllm_compatibility`: each agent's architecture against the vLLM attention backends of the device for the
   agent's dtype (head size: FlashAttention runs fp16/bf16 only, so fp32 needs Triton's head sizes >= 32) and the
   context the run asks for (prompt + generation length against the model's maximum).
@@ -29,8 +30,9 @@ from typing import Any
 
 import torch
 
+from openrlhf_hacpo.actors.agent_plan import AgentPlan, with_nodes
 from openrlhf_hacpo.config import TrainConfig
-from openrlhf_hacpo.engines.node_plan import AgentPlacement, ClusterNode, agent_demands, plan_nodes
+from openrlhf_hacpo.engines.node_plan import ClusterNode, plan_nodes
 
 __all__ = ["CUDA_ATTENTION_BACKENDS", "AttentionBackend", "GpuDemand", "check_gpu_count", "check_node_placement",
            "check_vllm_compatibility", "flash_attn_import_error", "gpu_demand", "resolve_attention",
@@ -84,33 +86,39 @@ class GpuDemand:
         return self.policy + self.engines
 
 
-def gpu_demand(cfg: TrainConfig) -> list[GpuDemand]:
-    """Per agent: ``dp_size`` policy GPUs; with the vllm backend ``vllm_num_engines * tp`` engine GPUs, which with
-    ``--colocate_all_models`` sit on the policy's bundles (the agent then needs max(dp, engines * tp)): the bundle
-    counts of :func:`~openrlhf_hacpo.engines.node_plan.agent_demands`, which the node placement uses too."""
-    return [GpuDemand(d.agent, d.policy_bundles, d.engine_bundles) for d in agent_demands(cfg)]
+def gpu_demand(plans: Sequence[AgentPlan]) -> list[GpuDemand]:
+    """Per agent: its plan's policy bundles (``dp_size``, or max(dp, engines * tp) with ``--colocate_all_models``,
+    whose engines sit on the policy's bundles) and dedicated engine GPUs (``vllm_num_engines * tp``): the bundle
+    counts the node placement takes too (:attr:`~openrlhf_hacpo.actors.agent_plan.AgentPlan.demand`)."""
+    return [GpuDemand(p.name, p.policy_bundles, p.engine_bundles) for p in plans]
 
 
-def check_gpu_count(cfg: TrainConfig, cluster_gpus: float) -> None:
+def check_gpu_count(plans: Sequence[AgentPlan], cluster_gpus: float) -> None:
     """Raise ``ValueError`` when the agents need more GPUs than the Ray cluster has, listing every agent's count."""
-    demands = gpu_demand(cfg)
+    demands = gpu_demand(plans)
     needed = sum(d.total for d in demands)
     if needed <= cluster_gpus:
         return
     parts = ", ".join(f"{d.agent!r} {d.total} ({d.policy} policy"
                       + (f" + {d.engines} vLLM" if d.engines else "") + ")" for d in demands)
-    layout = "colocated" if cfg.colocate_all_models else "dedicated engine GPUs"
+    layout = "colocated" if any(p.colocate for p in plans) else "dedicated engine GPUs"
     raise ValueError(f"the agents need {needed} GPUs ({layout}): {parts}; the Ray cluster has {cluster_gpus:g}. "
                      "Lower dp_size / vllm_num_engines / vllm_tensor_parallel_size, use --colocate_all_models, "
                      "or add nodes")
 
 
-def check_node_placement(cfg: TrainConfig, nodes: Sequence[ClusterNode], kind: str = "GPU") -> list[AgentPlacement]:
-    """The node of every agent's bundles of ``kind`` ("GPU", or "CPU" for a run on a CPU-only cluster;
-    :func:`~openrlhf_hacpo.engines.node_plan.plan_nodes` with the agents' demands and ``--allow_straddle``); raises
+def check_node_placement(plans: Sequence[AgentPlan], nodes: Sequence[ClusterNode],
+                         allow_straddle: bool = False) -> list[AgentPlan]:
+    """``plans`` with the node of every bundle (:attr:`~openrlhf_hacpo.actors.agent_plan.AgentPlan.nodes`): their
+    demands placed by :func:`~openrlhf_hacpo.engines.node_plan.plan_nodes` (GPU bundles, or CPU bundles for plans of
+    a CPU-only run; ``allow_straddle`` is ``--allow_straddle``); raises
     :class:`~openrlhf_hacpo.engines.node_plan.PlacementError` (a ``ValueError``) when the agents do not fit the nodes
     or a pin names no single node."""
-    return plan_nodes(nodes, agent_demands(cfg, on_gpu=kind == "GPU"), allow_straddle=cfg.allow_straddle, kind=kind)
+    kinds = {p.bundle_kind for p in plans}
+    if len(kinds) != 1:
+        raise ValueError(f"the plans mix bundle kinds {sorted(kinds)}: plan every agent for the same device")
+    placements = plan_nodes(nodes, [p.demand for p in plans], allow_straddle=allow_straddle, kind=kinds.pop())
+    return with_nodes(plans, placements)
 
 
 # ---------------------------------------------------------------------------------------------------------- vLLM
@@ -265,14 +273,15 @@ def load_model_configs(cfg: TrainConfig) -> dict[str, Any]:
     return {agent.name: AutoConfig.from_pretrained(agent.pretrain) for agent in cfg.resolved_agents()}
 
 
-def run_gpu_stack_preflight(cfg: TrainConfig, use_gpu: bool, cluster_gpus: float | None) -> None:
-    """The checks that need the device decision (after Ray is up): GPU counts, vLLM compatibility and, on GPUs, the
-    memory plan."""
+def run_gpu_stack_preflight(cfg: TrainConfig, plans: Sequence[AgentPlan], cluster_gpus: float | None) -> None:
+    """The checks that need the device decision (after Ray is up; ``plans`` are the agents' plans for that device):
+    GPU counts, vLLM compatibility and, on GPUs, the memory plan."""
+    use_gpu = any(p.on_gpu for p in plans)
     if use_gpu and cfg.use_ray and cluster_gpus is not None:
-        check_gpu_count(cfg, cluster_gpus)
+        check_gpu_count(plans, cluster_gpus)
     if cfg.rollout_backend == "vllm":
         check_vllm_compatibility(cfg, load_model_configs(cfg), "cuda" if use_gpu else "cpu")
     if use_gpu:  # bytes per agent and GPU, refused when a GPU cannot hold its share (trainer/memory_check.py)
         from openrlhf_hacpo.trainer.memory_check import launch_memory_plan
 
-        launch_memory_plan(cfg, load_model_configs(cfg), log=logger.info)
+        launch_memory_plan(cfg, plans, load_model_configs(cfg), log=logger.info)

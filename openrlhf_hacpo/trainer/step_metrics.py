@@ -26,7 +26,7 @@ from openrlhf_hacpo.actors.results import RolloutResult, TrainStepResult
 from openrlhf_hacpo.algorithms import CapabilityRatios, CapabilityStep
 from openrlhf_hacpo.rollout import Trajectory
 
-__all__ = ["LEARNER_PHASES", "ROLLOUT_PHASES", "agent_step_record"]
+__all__ = ["LEARNER_PHASES", "ROLLOUT_PHASES", "agent_step_record", "step_records"]
 
 LEARNER_PHASES = ("view", "advantages", "reference", "probe", "update", "train_rest")
 """The parts of a learner's training step, timed by the update loop; ``train_rest``: the rest of the policy actor's
@@ -93,3 +93,19 @@ def agent_step_record(step: int, agent: int, agent_names: Sequence[str], summary
             rec[f"omega/{name}"] = float(weights[j])
     rec.update(trained.metrics)
     return rec
+
+
+def step_records(step: int, agent_names: Sequence[str], summary: Sequence[Mapping[str, float]],
+                 trajectories: Sequence[Trajectory], capability: CapabilityStep, ratios: CapabilityRatios,
+                 rollouts: Sequence[RolloutResult], trained: Sequence[TrainStepResult], phases: Mapping[str, float],
+                 sync_s: Sequence[float], versions: Sequence[int], trains_on_foreign: bool) -> list[dict[str, Any]]:
+    """Every agent's :func:`agent_step_record` for ``step``; the staleness of agent k counts the rows its learner
+    trained on (every agent's with ``trains_on_foreign``, hacpo / naive; its own otherwise) against ``versions[k]``,
+    the learner's weights version when it trained."""
+    records = []
+    for k, (rollout, result) in enumerate(zip(rollouts, trained)):
+        own = [t for t in trajectories if t.source == k]
+        rows = list(trajectories) if trains_on_foreign else own
+        records.append(agent_step_record(step, k, agent_names, summary[k], own, capability, ratios, rollout, result,
+                                         phases, sync_s[k], staleness=[versions[k] - t.policy_version for t in rows]))
+    return records

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
+from openrlhf_hacpo.actors.agent_plan import LoraPlan, plan_agents
 from openrlhf_hacpo.actors.lora import AdapterDisabledReference, apply_lora, merged_entries
 from openrlhf_hacpo.actors.weight_export import export_entries, weight_entries
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
@@ -33,9 +34,15 @@ def _agent(**settings) -> AgentConfig:
     return AgentConfig(**values)
 
 
+def _apply(model: torch.nn.Module, agent: AgentConfig) -> torch.nn.Module:
+    """:func:`apply_lora` with the LoRA of ``agent``'s plan, as a policy worker applies it."""
+    (plan,) = plan_agents(TrainConfig(agents=[agent], prompt_data="d"), on_gpu=False)
+    return apply_lora(model, plan.lora, agent.name)
+
+
 def _with_trained_adapter(model: torch.nn.Module, agent: AgentConfig, seed: int = 1) -> torch.nn.Module:
     """``model`` wrapped with LoRA whose B (zero at the start) is random, as after training."""
-    wrapped = apply_lora(model, agent)
+    wrapped = _apply(model, agent)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in wrapped.named_parameters():
@@ -109,7 +116,7 @@ def test_disabled_adapter_reference_scores_the_base_model():
 def test_only_the_adapter_requires_gradients_also_with_gradient_checkpointing():
     model = _llama()
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
-    peft_model = apply_lora(model, _agent(target_modules="q_proj, v_proj"))
+    peft_model = _apply(model, _agent(target_modules="q_proj, v_proj"))
     trainable = {n: p for n, p in peft_model.named_parameters() if p.requires_grad}
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     hidden, kv = 32, 16  # q_proj: 32 -> 32, v_proj: 32 -> 16, 2 layers
@@ -123,20 +130,20 @@ def test_only_the_adapter_requires_gradients_also_with_gradient_checkpointing():
 
 def test_rank_zero_leaves_the_model_alone():
     model = _llama()
-    assert apply_lora(model, _agent(lora_rank=0)) is model
+    assert _apply(model, _agent(lora_rank=0)) is model
     assert [e.names for e in export_entries(model)] == [e.names for e in weight_entries(model)]
 
 
 @pytest.mark.filterwarnings("ignore:Model has `tie_word_embeddings=True`:UserWarning")
 def test_unknown_target_modules_and_a_tied_target_are_refused_naming_the_agent():
     with pytest.raises(ValueError, match="agent 'a'.*no_such_proj"):
-        apply_lora(_llama(), _agent(target_modules="no_such_proj"))
+        _apply(_llama(), _agent(target_modules="no_such_proj"))
     torch.manual_seed(0)
     tied = Qwen3ForCausalLM(Qwen3Config(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                                         tie_word_embeddings=True))
     with pytest.raises(ValueError, match="agent 'a'.*tied weight.*lm_head"):
-        apply_lora(tied, _agent(target_modules="lm_head"))
+        _apply(tied, _agent(target_modules="lm_head"))
 
 
 def test_tied_model_exports_the_tie_under_both_names():
@@ -146,7 +153,7 @@ def test_tied_model_exports_the_tie_under_both_names():
                                         tie_word_embeddings=True))
     expected = [e.names for e in weight_entries(tied)]  # the base model's tensors with all their names
     assert ["model.embed_tokens.weight", "lm_head.weight"] in expected
-    entries = merged_entries(apply_lora(tied, _agent()))
+    entries = merged_entries(_apply(tied, _agent()))
     assert [e.names for e in entries] == expected
     assert any(e.names == ["model.embed_tokens.weight", "lm_head.weight"] and not e.deltas for e in entries)
 
@@ -169,3 +176,9 @@ def test_agents_inherit_the_run_wide_lora_settings_unless_they_set_their_own():
     full, lora = cfg.resolved_agents()
     assert (full.lora_rank, full.lora_alpha) == (0, 16)
     assert (lora.lora_rank, lora.lora_alpha, lora.lora_dropout, lora.target_modules) == (8, 32, 0.1, "q_proj,v_proj")
+    # the plans carry the resolved adapters: the LoRA agent's adapter, no reference model of its own with a KL term
+    full_plan, lora_plan = plan_agents(cfg, on_gpu=False)
+    assert full_plan.lora == LoraPlan(0, 16, 0.1, "q_proj,v_proj") and not full_plan.lora.enabled
+    assert lora_plan.lora == LoraPlan(8, 32, 0.1, "q_proj,v_proj") and lora_plan.lora.enabled
+    assert cfg.algo.loss.uses_kl and full_plan.has_reference and not lora_plan.has_reference
+    assert lora_plan.adapter_reference and not full_plan.adapter_reference

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from openrlhf_hacpo.actors.agent_group import AgentGroup
+from openrlhf_hacpo.actors.agent_plan import plan_agents
 from openrlhf_hacpo.cli.train_hacpo import build_config
 from openrlhf_hacpo.data.prompts import PromptRecord
 from openrlhf_hacpo.engines.base import SamplingConfig
@@ -89,10 +90,10 @@ def test_engines_sleep_before_any_rank_scores_and_each_rank_gets_its_prompts(ray
     cfg = build_config(["--agent", "name=a,pretrain=/m", "--prompt_data", "x.jsonl", "--save_path", str(tmp_path),
                         "--rollout_backend", "vllm", "--n_samples_per_prompt", "2", "--rollout_batch_size", "5",
                         "--train_batch_size", "10", "--micro_train_batch_size", "1"])
-    group = AgentGroup(cfg, 0, total_updates=1)
+    group = AgentGroup(cfg, plan_agents(cfg, on_gpu=False)[0], total_updates=1)
     group.engines = [Engine.remote(), Engine.remote()]
     group.policies = [Policy.remote(), Policy.remote()]
-    group._engines_sleep = True
+    group.rollouts.engines_sleep = True
     prompts = [PromptRecord(str(10 + i), f"q{i}", "0") for i in range(5)]
 
     result = group.rollout(prompts, SamplingConfig(n=2, max_new_tokens=4, seed=1), step=1).result()
@@ -110,4 +111,4 @@ def test_engines_sleep_before_any_rank_scores_and_each_rank_gets_its_prompts(ray
     starts = [t for p in group.policies for t in ray.get(p.starts.remote())]
     assert len(sleeps) == 2 and len(starts) == 2
     assert min(starts) >= max(sleeps)
-    assert not group._engines_awake
+    assert not group.rollouts.engines_awake

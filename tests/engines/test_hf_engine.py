@@ -148,15 +148,16 @@ def test_cores_are_split_between_every_policy_and_engine_when_there_are_enough()
 
 def test_agent_group_gives_the_engine_the_share_after_its_policy_ranks():
     from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.config import AgentConfig, TrainConfig
 
     agents = [AgentConfig(name="a", pretrain="/m/a", dp_size=2), AgentConfig(name="b", pretrain="/m/b")]
     cfg = TrainConfig(agents=agents, prompt_data="unused.jsonl", rollout_backend="hf_engine", rollout_batch_size=2,
                       n_samples_per_prompt=2, train_batch_size=4, micro_train_batch_size=1)
-    group = AgentGroup(cfg, 1, total_updates=1)
+    group = AgentGroup(cfg, plan_agents(cfg, on_gpu=False)[1], total_updates=1)
     assert group.has_engines and group.weight_sync_mode() == "object_store"
-    assert group._core_share(1) == CoreShare((3, 2), agent=1, process=1)
-    assert group._core_share(1).cores(range(10)) == [8, 9]
+    assert group.plan.core_share(1) == CoreShare((3, 2), agent=1, process=1)
+    assert group.plan.core_share(1).cores(range(10)) == [8, 9]
 
 
 def test_hf_engine_backend_needs_ray_and_a_cpu():

@@ -47,11 +47,12 @@ def _trajectories(worker, prompt_file):
 def trained(tiny_agents, prompt_file, reward_file, tmp_path_factory):
     """A ZeRO-2 LoRA worker after one update (KL on: its reference is the adapter-disabled model) and the step's
     trajectories."""
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.actors.policy import PolicyWorker
     from openrlhf_hacpo.algorithms import CapabilityRatios
 
     cfg = _config(tiny_agents["llama"], prompt_file, reward_file, tmp_path_factory.mktemp("lora_run"))
-    worker = PolicyWorker(cfg, 0, total_updates=4)
+    worker = PolicyWorker(cfg, plan_agents(cfg, on_gpu=False)[0], total_updates=4)
     worker.setup()
     trajectories, prompt_ids = _trajectories(worker, prompt_file)
     result = worker.train_step(trajectories, 1, CapabilityRatios(torch.ones(1, 1)))
@@ -108,11 +109,15 @@ def test_every_sync_path_delivers_the_merged_adapter(trained, tiny_agents):
 @pytest.mark.integration
 def test_reference_is_the_base_model_and_no_reference_worker_is_launched(trained, tiny_agents):
     from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.actors.lora import AdapterDisabledReference
     from openrlhf_hacpo.actors.reference import ReferenceWorker
 
     cfg, worker, trajectories, prompts = trained
-    assert not AgentGroup(cfg, 0, total_updates=1).needs_reference
+    plan = plan_agents(cfg, on_gpu=False)[0]
+    assert plan.kl and plan.lora.rank > 0  # a KL term and an adapter: no reference worker, the adapter-off model
+    assert not plan.has_reference and plan.adapter_reference
+    assert not AgentGroup(cfg, plan, total_updates=1).plan.has_reference
     assert isinstance(worker.updater.reference, AdapterDisabledReference)
     responses = [t.action_token_ids() for t in trajectories]
     separate = ReferenceWorker(tiny_agents["llama"], pad_token_id=worker.pad_token_id, micro_batch_size=4,
@@ -184,12 +189,13 @@ def test_vllm_engine_samples_the_trained_adapter(ray_cluster, trained, tiny_agen
 
 @pytest.mark.integration
 def test_checkpoint_resumes_the_adapter_and_its_optimizer_exactly(trained, tmp_path):
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.actors.policy import PolicyWorker
     from openrlhf_hacpo.algorithms import CapabilityRatios
 
     cfg, worker, trajectories, _ = trained
     worker.save_checkpoint(str(tmp_path / "ckpt"))
-    resumed = PolicyWorker(cfg, 0, total_updates=4)
+    resumed = PolicyWorker(cfg, plan_agents(cfg, on_gpu=False)[0], total_updates=4)
     resumed.setup()
     assert resumed.load_checkpoint(str(tmp_path / "ckpt"))["updates_done"] == worker.updater.updates_done
     ratios = CapabilityRatios(torch.ones(1, 1))
@@ -240,13 +246,15 @@ def test_zero3_broadcast_and_save_hf_gather_the_adapter(tiny_agents, prompt_file
     import ray
     from peft import PeftModel
 
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.actors.policy import PolicyWorker
     from openrlhf_hacpo.algorithms import CapabilityRatios
     from openrlhf_hacpo.engines.hf_generate import HFGenerateEngine
     from openrlhf_hacpo.engines.weight_sync import create_weight_sync_group
     from openrlhf_hacpo.utils.network import free_port
 
-    worker = PolicyWorker(_config(tiny_agents["llama"], prompt_file, reward_file, tmp_path, "--zero_stage", "3"), 0)
+    cfg = _config(tiny_agents["llama"], prompt_file, reward_file, tmp_path, "--zero_stage", "3")
+    worker = PolicyWorker(cfg, plan_agents(cfg, on_gpu=False)[0])
     worker.setup()
     trajectories, _ = _trajectories(worker, prompt_file)
     worker.train_step(trajectories, 1, CapabilityRatios(torch.ones(1, 1)))

@@ -323,6 +323,7 @@ def test_a_sync_empties_the_cache_then_wakes_only_the_weights_and_generation_wak
     their weights' memory only, the weights are loaded, the cache is emptied again; the KV cache comes back just
     before the next generation, and the engines sleep again after it."""
     from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.actors.policy_io import PolicyIO
     from openrlhf_hacpo.cli.train_hacpo import build_config
     from openrlhf_hacpo.data.prompts import PromptRecord
@@ -333,15 +334,16 @@ def test_a_sync_empties_the_cache_then_wakes_only_the_weights_and_generation_wak
     cfg = build_config(["--agent", "name=a,pretrain=/m", "--prompt_data", "x.jsonl", "--save_path", str(tmp_path),
                         "--rollout_backend", "vllm", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
                         "--train_batch_size", "4", "--micro_train_batch_size", "1"])
-    group = AgentGroup(cfg, 0, total_updates=1)
+    group = AgentGroup(cfg, plan_agents(cfg, on_gpu=False)[0], total_updates=1)
     group.use_ray = False  # workers in this process
     model = torch.nn.Linear(3, 2)
     io = PolicyIO(cfg.resolved_agents()[0], SimpleNamespace(module=model), None, rank=0, world_size=1,
                   device=torch.device("cuda", 0))  # a CUDA rank as far as the cache is concerned
     group.policies = [_PolicyRank(io)]
     group.engines = [_sleep_mode_engine(events), _sleep_mode_engine(events)]
-    group._engines_sleep = True
-    group._engines_call(group.engines[0].__class__.sleep)  # engines start asleep after creation
+    group.rollouts.engines_sleep = True
+    group.call(group.engines, type(group.engines[0]).sleep, [()] * 2, group.engine_role,
+               lambda v: v).result()  # engines start asleep after creation
     events.clear()
 
     group.sync_weights()

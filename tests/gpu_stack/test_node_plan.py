@@ -7,13 +7,13 @@ import itertools
 
 import pytest
 
+from openrlhf_hacpo.actors.agent_plan import plan_agents
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.engines.node_plan import (
     AgentDemand,
     AgentPlacement,
     ClusterNode,
     PlacementError,
-    agent_demands,
     cross_node_sync_bytes,
     nodes_from_ray,
     plan_nodes,
@@ -23,6 +23,11 @@ from openrlhf_hacpo.trainer.preflight import check_node_placement
 A = ClusterNode("aa11" * 8, "10.0.0.1", 8, 8.0, frozenset({"nodeA", "node:10.0.0.1", "zone=a"}))
 B = ClusterNode("bb22" * 8, "10.0.0.2", 8, 8.0, frozenset({"nodeB", "node:10.0.0.2", "zone=b"}))
 NODES = [A, B]
+
+
+def planned_demands(cfg: TrainConfig) -> list[AgentDemand]:
+    """The demands of the agents' GPU plans (what the driver hands the node planner)."""
+    return [p.demand for p in plan_agents(cfg, on_gpu=True)]
 
 
 def table1(name: str, **kw) -> AgentDemand:
@@ -195,18 +200,18 @@ def test_preflight_demands_follow_the_run_settings_and_refuse_what_no_node_holds
     agents = [AgentConfig(name="q", pretrain="/m/q", dp_size=2, vllm_num_engines=2, node="nodeB"),
               AgentConfig(name="l", pretrain="/m/l", dp_size=6, vllm_num_engines=1, vllm_tensor_parallel_size=2)]
     cfg = _cfg(agents)  # the default loss has a KL term: a reference per agent
-    assert agent_demands(cfg) == [AgentDemand("q", dp=2, engines=2, tp=1, reference=True, node="nodeB"),
-                                  AgentDemand("l", dp=6, engines=1, tp=2, reference=True)]
-    plan = check_node_placement(cfg, NODES)  # q pinned to B; l (8) fills A
-    assert [on(p) for p in plan] == [{B.node_id}, {A.node_id}]
+    assert planned_demands(cfg) == [AgentDemand("q", dp=2, engines=2, tp=1, reference=True, node="nodeB"),
+                                    AgentDemand("l", dp=6, engines=1, tp=2, reference=True)]
+    plan = check_node_placement(plan_agents(cfg, on_gpu=True), NODES)  # q pinned to B; l (8) fills A
+    assert [on(p.nodes) for p in plan] == [{B.node_id}, {A.node_id}]
     cfg.colocate_all_models = True
-    assert [d.gpus for d in agent_demands(cfg)] == [2, 6]
+    assert [d.gpus for d in planned_demands(cfg)] == [2, 6]
     cfg.colocate_all_models = False
     cfg.rollout_backend = "hf"  # no engines: dp only
-    assert [d.gpus for d in agent_demands(cfg)] == [2, 6]
+    assert [d.gpus for d in planned_demands(cfg)] == [2, 6]
     cfg.rollout_backend = "vllm"
     # 6 policy GPUs fit A, one TP-4 engine fits B (4 free), the second fits nowhere
     cfg.agents[1] = AgentConfig(name="l", pretrain="/m/l", dp_size=6, vllm_num_engines=2, vllm_tensor_parallel_size=4)
     with pytest.raises(ValueError, match=r"agent 'l' cannot be placed on any node: it needs 6 GPU bundle\(s\) .*"
                                          r"10\.0\.0\.2 \(bb22bb22\): 4 of 8 GPUs free"):
-        check_node_placement(cfg, NODES)
+        check_node_placement(plan_agents(cfg, on_gpu=True), NODES)

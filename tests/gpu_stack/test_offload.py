@@ -27,12 +27,13 @@ fp32 rounding of O(1) weights is ~1e-7 per update."""
 
 
 def _build(agent_path: str, tmp_path, stage: int, *flags: str):
+    from openrlhf_hacpo.actors.agent_plan import LoraPlan
     from openrlhf_hacpo.actors.deepspeed_setup import build_policy_engine
 
     init_gloo_world()
     cfg = worker_config(agent_path, tmp_path, "--zero_stage", str(stage), "--lr_scheduler", "constant",
                         "--actor_learning_rate", str(LR), *flags)
-    return build_policy_engine(cfg, cfg.resolved_agents()[0], total_updates=8)
+    return build_policy_engine(cfg, cfg.resolved_agents()[0], LoraPlan(), total_updates=8)
 
 
 def _batch(seed: int) -> torch.Tensor:

@@ -88,6 +88,7 @@ def test_engine_defaults_per_device_and_layout():
 ])
 def test_weight_sync_path_per_layout(use_gpu, colocate, dp, engines, tp, expected):
     from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.config import AgentConfig, TrainConfig
 
     agent = AgentConfig(name="a", pretrain="/models/a", dp_size=dp, vllm_num_engines=engines,
@@ -95,22 +96,20 @@ def test_weight_sync_path_per_layout(use_gpu, colocate, dp, engines, tp, expecte
     cfg = TrainConfig(agents=[agent], prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2,
                       n_samples_per_prompt=2, train_batch_size=4, micro_train_batch_size=1,
                       colocate_all_models=colocate)
-    assert AgentGroup(cfg, 0, total_updates=1, use_gpu=use_gpu).weight_sync_mode() == expected
+    assert AgentGroup(cfg, plan_agents(cfg, on_gpu=use_gpu)[0], total_updates=1).weight_sync_mode() == expected
 
 
-def test_cpu_engines_of_each_agent_take_the_next_core_ranges(monkeypatch):
-    import os
-
-    from openrlhf_hacpo.actors.agent_group import AgentGroup
+def test_cpu_engines_of_each_agent_take_the_next_core_ranges():
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.config import AgentConfig, TrainConfig
 
     agents = [AgentConfig(name="a", pretrain="/m/a", vllm_num_engines=1),
               AgentConfig(name="b", pretrain="/m/b", vllm_num_engines=2)]
     cfg = TrainConfig(agents=agents, prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2,
                       n_samples_per_prompt=2, train_batch_size=4, micro_train_batch_size=1)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(6)))
-    assert AgentGroup(cfg, 0, total_updates=1)._cpu_core_binds() == ["0,1"]
-    assert AgentGroup(cfg, 1, total_updates=1)._cpu_core_binds() == ["2,3", "4,5"]
+    a, b = plan_agents(cfg, on_gpu=False)
+    assert a.cpu_core_binds({5, 4, 3, 2, 1, 0}) == ["0,1"]
+    assert b.cpu_core_binds(range(6)) == ["2,3", "4,5"]
 
 
 def test_actor_device_follows_the_gpu_ray_assigned_when_ray_leaves_visible_devices_alone(monkeypatch):

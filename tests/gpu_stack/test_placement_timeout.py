@@ -47,12 +47,13 @@ def test_wait_placement_group_times_out_naming_the_request_and_removes_the_group
 
 def test_an_agent_whose_gpus_cannot_be_placed_fails_at_launch(ray_without_gpus, tmp_path):
     from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.cli.train_hacpo import build_config
 
     cfg = build_config(["--agent", "name=big,pretrain=/m,dp_size=2", "--prompt_data", "x.jsonl",
                         "--save_path", str(tmp_path), "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
                         "--train_batch_size", "4", "--micro_train_batch_size", "1", "--init_kl_coef", "0"])
-    group = AgentGroup(cfg, 0, total_updates=1, use_gpu=True)
+    group = AgentGroup(cfg, plan_agents(cfg, on_gpu=True)[0], total_updates=1)
     group.placement_timeout_s = 1.0
     with pytest.raises(TimeoutError, match=r"agent 'big': 2 GPU bundle\(s\) for its policy: Ray could not place .* "
                                            r"within 1 s \(the cluster has 0 GPUs, 0 free\)"):

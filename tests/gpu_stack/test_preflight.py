@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from openrlhf_hacpo.actors.agent_plan import plan_agents
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.trainer.preflight import (
     GpuDemand,
@@ -24,6 +25,11 @@ def _cfg(agents, **kw) -> TrainConfig:
     return TrainConfig(agents=agents, **defaults)
 
 
+def _plans(cfg: TrainConfig):
+    """The agents' GPU plans, as the driver makes them."""
+    return plan_agents(cfg, on_gpu=True)
+
+
 def _agent(name, **kw) -> AgentConfig:
     return AgentConfig(name=name, pretrain=f"/models/{name}", **kw)
 
@@ -31,24 +37,24 @@ def _agent(name, **kw) -> AgentConfig:
 def test_three_four_gpu_agents_do_not_fit_eight_gpus():
     cfg = _cfg([_agent("a", dp_size=2, vllm_num_engines=2), _agent("b", dp_size=2, vllm_num_engines=1,
                vllm_tensor_parallel_size=2), _agent("c", dp_size=4, vllm_num_engines=0)], rollout_backend="hf")
-    assert gpu_demand(cfg) == [GpuDemand("a", 2, 0), GpuDemand("b", 2, 0), GpuDemand("c", 4, 0)]
+    assert gpu_demand(_plans(cfg)) == [GpuDemand("a", 2, 0), GpuDemand("b", 2, 0), GpuDemand("c", 4, 0)]
     cfg.rollout_backend = "vllm"
     cfg.agents[2] = _agent("c", dp_size=2, vllm_num_engines=2)
-    assert gpu_demand(cfg) == [GpuDemand("a", 2, 2), GpuDemand("b", 2, 2), GpuDemand("c", 2, 2)]
+    assert gpu_demand(_plans(cfg)) == [GpuDemand("a", 2, 2), GpuDemand("b", 2, 2), GpuDemand("c", 2, 2)]
     each = r"4 \(2 policy \+ 2 vLLM\)"
     with pytest.raises(ValueError, match=rf"need 12 GPUs \(dedicated engine GPUs\): 'a' {each}, 'b' {each}, "
                                          rf"'c' {each}; the Ray cluster has 8"):
-        check_gpu_count(cfg, 8.0)
-    check_gpu_count(cfg, 12.0)
+        check_gpu_count(_plans(cfg), 8.0)
+    check_gpu_count(_plans(cfg), 12.0)
 
 
 def test_colocated_agents_need_the_larger_of_policy_and_engine_gpus():
     cfg = _cfg([_agent("a", dp_size=2, vllm_num_engines=2, vllm_tensor_parallel_size=2), _agent("b", dp_size=4)],
                colocate_all_models=True, vllm_num_engines=1)
-    assert [d.total for d in gpu_demand(cfg)] == [4, 4]
-    check_gpu_count(cfg, 8.0)
+    assert [d.total for d in gpu_demand(_plans(cfg))] == [4, 4]
+    check_gpu_count(_plans(cfg), 8.0)
     with pytest.raises(ValueError, match="need 8 GPUs .colocated."):
-        check_gpu_count(cfg, 7.0)
+        check_gpu_count(_plans(cfg), 7.0)
 
 
 def _config(head_dim=32, max_position_embeddings=128):

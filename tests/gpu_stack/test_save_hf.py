@@ -22,9 +22,11 @@ def _tensors(folder) -> dict[str, torch.Tensor]:
 def test_saved_agent_reloads_equal_in_its_original_dtype(bf16_tied_agent, tmp_path, zero_stage):
     from transformers import AutoModelForCausalLM
 
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.actors.policy import PolicyWorker
 
-    worker = PolicyWorker(worker_config(bf16_tied_agent, tmp_path, "--zero_stage", zero_stage), 0)
+    cfg = worker_config(bf16_tied_agent, tmp_path, "--zero_stage", zero_stage)
+    worker = PolicyWorker(cfg, plan_agents(cfg, on_gpu=False)[0])
     worker.setup()
     assert next(worker.model.parameters()).dtype == torch.float32  # trains in fp32
     out = worker.save_hf(str(tmp_path / "hf"))
@@ -83,11 +85,13 @@ class _Receiver:
 def test_zero3_broadcast_sends_every_name_in_small_buckets(bf16_tied_agent, tmp_path, monkeypatch):
     import ray
 
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.actors.policy import PolicyWorker
     from openrlhf_hacpo.engines.weight_sync import create_weight_sync_group
     from openrlhf_hacpo.utils.network import free_port
 
-    worker = PolicyWorker(worker_config(bf16_tied_agent, tmp_path, "--zero_stage", "3"), 0)
+    cfg = worker_config(bf16_tied_agent, tmp_path, "--zero_stage", "3")
+    worker = PolicyWorker(cfg, plan_agents(cfg, on_gpu=False)[0])
     worker.setup()
     worker.io.weight_bucket_bytes = 8 * 1024  # many buckets: each is gathered, sent and released in turn
     port = free_port()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
-from openrlhf_hacpo.engines.node_plan import AgentDemand, ClusterNode, PlacementError, agent_demands, plan_nodes
+from openrlhf_hacpo.actors.agent_plan import plan_agents
+from openrlhf_hacpo.engines.node_plan import AgentDemand, ClusterNode, PlacementError, plan_nodes
 from openrlhf_hacpo.trainer.preflight import check_node_placement
 
 # two CPU raylets on one machine: the same address, told apart by their custom resources
@@ -68,7 +69,8 @@ def test_allow_straddle_splits_a_cpu_group_only_when_asked():
 def test_cpu_engines_have_their_own_bundles_even_under_colocate_all_models():
     cfg = _cfg(AgentConfig(name="q", pretrain="/m/q", dp_size=2, vllm_num_engines=2, vllm_tensor_parallel_size=1),
                rollout_backend="vllm", colocate_all_models=True)
-    (gpu,), (cpu,) = agent_demands(cfg), agent_demands(cfg, on_gpu=False)
+    ((gpu,), (cpu,)) = ([p.demand for p in plan_agents(cfg, on_gpu=True)],
+                        [p.demand for p in plan_agents(cfg, on_gpu=False)])
     assert (gpu.colocated, gpu.policy_bundles, gpu.engine_bundles) == (True, 2, 0)
     assert (cpu.colocated, cpu.policy_bundles, cpu.engine_bundles) == (False, 2, 2)
     (plan,) = plan_nodes([A, B], [cpu], kind="CPU")
@@ -78,11 +80,11 @@ def test_cpu_engines_have_their_own_bundles_even_under_colocate_all_models():
 def test_preflight_plans_a_cpu_run_from_the_config_and_refuses_naming_the_agent():
     cfg = _cfg(AgentConfig(name="llama", pretrain="/m/l", node="nodeB"),
                AgentConfig(name="qwen", pretrain="/m/q", dp_size=2, node="nodeA"))
-    plan = check_node_placement(cfg, [A, B], "CPU")
-    assert [p.policy for p in plan] == [(B.node_id,), (A.node_id,) * 2]
+    plan = check_node_placement(plan_agents(cfg, on_gpu=False), [A, B])
+    assert [p.nodes.policy for p in plan] == [(B.node_id,), (A.node_id,) * 2]
     cfg = _cfg(AgentConfig(name="qwen", pretrain="/m/q", dp_size=8))
     with pytest.raises(ValueError, match=r"agent 'qwen' cannot be placed on any node: it needs 8 CPU bundle\(s\)"):
-        check_node_placement(cfg, [A, B], "CPU")
+        check_node_placement(plan_agents(cfg, on_gpu=False), [A, B])
 
 
 def _ray_node(node_id: str, cpus: float, resource: str) -> dict:
@@ -102,11 +104,12 @@ def test_the_driver_plans_cpu_runs_on_multi_node_clusters_only(monkeypatch, tmp_
     a, b = "a" * 32, "b" * 32
     # one node (a local Ray the driver starts): CPU workers reserve nothing, so nothing is planned or checked
     monkeypatch.setattr(ray, "nodes", lambda: [_ray_node(a, 1.0, "nodeA")])
-    assert controller._node_plan(use_gpu=False) is None
+    plans = plan_agents(cfg, on_gpu=False)
+    assert [p.nodes for p in controller.cluster.place_on_nodes(plans)] == [None, None]
     monkeypatch.setattr(ray, "nodes", lambda: [_ray_node(a, 2.0, "nodeA"), _ray_node(b, 1.0, "nodeB")])
-    llama, qwen = controller._node_plan(use_gpu=False)
-    assert llama.policy == (b,) and qwen.policy == (a, a)
+    llama, qwen = controller.cluster.place_on_nodes(plans)
+    assert llama.nodes.policy == (b,) and qwen.nodes.policy == (a, a)
     monkeypatch.setattr(ray, "nodes", lambda: [_ray_node(a, 1.0, "nodeA"), _ray_node(b, 1.0, "nodeB")])
     with pytest.raises(PlacementError, match=r"agent 'qwen' cannot be placed on any node: it needs 2 CPU bundle\(s\)"
                                              r".* 1 of 1 CPUs free; .* 0 of 1 CPUs free"):
-        controller._node_plan(use_gpu=False)
+        controller.cluster.place_on_nodes(plans)

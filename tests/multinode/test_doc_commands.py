@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import doc_commands as doc
+from openrlhf_hacpo.actors.agent_plan import plan_agents
 from openrlhf_hacpo.cli.train_hacpo import build_config, parse_agent_spec
 from openrlhf_hacpo.engines.node_plan import ClusterNode
 from openrlhf_hacpo.trainer.preflight import check_node_placement
@@ -54,7 +55,7 @@ def test_the_gpu_launch_plans_each_agent_on_its_own_node_of_8_gpus():
     cfg = build_config(doc.substitute(cmd.argv[3:], PLACEHOLDERS, REST))
     a = ClusterNode("a" * 32, "10.0.0.1", 8, 8.0, frozenset({"nodeA"}))
     b = ClusterNode("b" * 32, "10.0.0.2", 8, 8.0, frozenset({"nodeB"}))
-    qwen, llama = check_node_placement(cfg, [b, a])
+    qwen, llama = (p.nodes for p in check_node_placement(plan_agents(cfg, on_gpu=True), [b, a]))
     # each: 2 policy GPUs and 2 engines of one GPU; qwen4b pinned to nodeA, llama3b to the node with most free GPUs
     assert (qwen.policy, qwen.engines) == ((a.node_id,) * 2, (a.node_id,) * 2)
     assert (llama.policy, llama.engines) == ((b.node_id,) * 2, (b.node_id,) * 2)

@@ -163,6 +163,7 @@ def test_pinned_cpu_run_places_each_agent_on_its_node_and_meets_on_the_node_addr
 
 
 def test_the_gpu_launch_plans_on_the_clusters_fake_gpus_and_a_cpu_layout_too_large_is_refused(cluster):
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.cli.train_hacpo import build_config
     from openrlhf_hacpo.engines.node_plan import AgentDemand, PlacementError, plan_nodes
     from openrlhf_hacpo.trainer.preflight import check_node_placement
@@ -173,7 +174,7 @@ def test_the_gpu_launch_plans_on_the_clusters_fake_gpus_and_a_cpu_layout_too_lar
               "/data/train.jsonl": "train.jsonl", "/shared/runs/table1": "/tmp/table1"}
     cfg = build_config(doc.substitute(cmd.argv, values, tiny_flags(STEPS, backend=None))[3:])
     assert sorted(n.gpus for n in nodes.values()) == [8, 8]
-    qwen, llama = check_node_placement(cfg, list(nodes.values()), "GPU")
+    qwen, llama = (p.nodes for p in check_node_placement(plan_agents(cfg, on_gpu=True), list(nodes.values())))
     assert set(qwen.nodes) == {nodes["nodeA"].node_id} and set(llama.nodes) == {nodes["nodeB"].node_id}
     assert len(qwen.policy + qwen.engines) == 4
     # CPU bundles: the raylets offer the 8 CPUs they were started with; 9 ranks pinned to one of them are refused

@@ -29,7 +29,7 @@ def local_ray(tmp_path_factory):
                         "--micro_train_batch_size", "2"])
     controller = HACPOController(cfg)
     controller.lock.acquire()
-    controller._init_ray()
+    controller.cluster.init_ray()
     yield ray
     controller.close()
 

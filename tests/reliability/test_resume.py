@@ -38,7 +38,7 @@ def _refusal(cfg) -> str:
     controller = HACPOController(cfg)
     try:
         with pytest.raises(CheckpointError) as info:
-            controller._prepare_run_folder()
+            controller.checkpoints.prepare()
     finally:
         controller.close()
     return str(info.value)
@@ -58,7 +58,7 @@ def test_accepted_differences_are_logged(tmp_path, caplog):
     resumed = HACPOController(build_config(_flags(tmp_path, "--seed", "2", "--resume", "--resume_accept_mismatch")))
     try:
         with caplog.at_level(logging.WARNING, logger="openrlhf_hacpo"):
-            resumed._prepare_run_folder()
+            resumed.checkpoints.prepare()
     finally:
         resumed.close()
     assert "continuing" in caplog.text and "seed: checkpoint 1, this run 2" in caplog.text
@@ -68,10 +68,10 @@ def test_same_settings_and_changed_run_length_resume(tmp_path):
     _checkpoint_of(build_config(_flags(tmp_path, "--max_steps", "2")))
     resumed = HACPOController(build_config(_flags(tmp_path, "--max_steps", "6", "--save_steps", "1", "--resume")))
     try:
-        resumed._prepare_run_folder()
+        resumed.checkpoints.prepare()
     finally:
         resumed.close()
-    checkpoint, state = resumed._resume_state
+    checkpoint, state = resumed.checkpoints.resume_state
     assert checkpoint.name == "global_step2" and state["step"] == 2
 
 
@@ -82,7 +82,7 @@ def test_a_corrupt_trainer_state_stops_resume_before_workers_start(tmp_path):
     resumed = HACPOController(build_config(_flags(tmp_path, "--resume")))
     try:
         with pytest.raises(CheckpointError, match=rf"trainer state .*{state_file} is corrupt"):
-            resumed._prepare_run_folder()
+            resumed.checkpoints.prepare()
     finally:
         resumed.close()
     assert resumed.groups == []
@@ -94,7 +94,7 @@ def test_a_dangling_latest_stops_resume(tmp_path):
     resumed = HACPOController(build_config(_flags(tmp_path, "--resume")))
     try:
         with pytest.raises(CheckpointError, match="global_step9, which does not exist"):
-            resumed._prepare_run_folder()
+            resumed.checkpoints.prepare()
     finally:
         resumed.close()
 
@@ -107,7 +107,7 @@ def test_resume_without_a_checkpoint_keeps_the_earlier_metrics(tmp_path):
     resumed = HACPOController(build_config(_flags(tmp_path, "--resume")))
     try:
         with pytest.raises(RunFolderError, match=r"--resume: no checkpoint under .*metrics\.jsonl.*--overwrite"):
-            resumed._prepare_run_folder()
+            resumed.checkpoints.prepare()
     finally:
         resumed.close()
     assert metrics.read_text() == '{"step": 1, "agent": "llama"}\n'

@@ -33,6 +33,7 @@ def test_a_stopped_worker_hits_the_phase_timeout(tmp_path):
     naming the agent, the phase and the last checkpoint."""
     ray = pytest.importorskip("ray")
     from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.actors.policy import PolicyWorker
     from openrlhf_hacpo.cli.train_hacpo import build_config
     from openrlhf_hacpo.trainer.controller import HACPOController, TrainingError
@@ -55,14 +56,14 @@ def test_a_stopped_worker_hits_the_phase_timeout(tmp_path):
         cfg = build_config(["--agent", "name=llama,pretrain=/m", "--prompt_data", "x.jsonl", "--save_path",
                             str(tmp_path), "--step_timeout", "3", "--n_samples_per_prompt", "2",
                             "--rollout_batch_size", "2", "--train_batch_size", "4", "--micro_train_batch_size", "2"])
-        group = AgentGroup(cfg, 0, total_updates=1)
+        group = AgentGroup(cfg, plan_agents(cfg, on_gpu=False)[0], total_updates=1)
         group.policies = [worker]
         os.kill(pid, signal.SIGSTOP)
         controller = HACPOController(cfg)
-        controller.last_checkpoint = tmp_path / "checkpoints" / "global_step4"
+        controller.checkpoints.last_checkpoint = tmp_path / "checkpoints" / "global_step4"
         start = time.monotonic()
         with pytest.raises(TrainingError) as info:
-            controller._guard(lambda: group._all_policies(PolicyWorker.train_step, 0.1).result(), "step 5")
+            controller._guard(lambda: group.all_policies(PolicyWorker.train_step, 0.1).result(), "step 5")
         waited = time.monotonic() - start
         message = str(info.value)
         assert message.startswith("step 5 failed: agent 'llama', policy rank 0, node unknown, phase update: no "
@@ -79,10 +80,14 @@ def test_a_stopped_worker_hits_the_phase_timeout(tmp_path):
 
 def test_phase_timeout_is_the_step_timeout_flag():
     from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.cli.train_hacpo import build_config
+
+    def group(cfg):
+        return AgentGroup(cfg, plan_agents(cfg, on_gpu=False)[0], 1)
 
     flags = ["--agent", "name=a,pretrain=/m", "--prompt_data", "x.jsonl", "--n_samples_per_prompt", "2",
              "--rollout_batch_size", "2", "--train_batch_size", "4", "--micro_train_batch_size", "2"]
-    assert AgentGroup(build_config(flags + ["--step_timeout", "42"]), 0, 1).timeout_s == 42.0
-    assert AgentGroup(build_config(flags + ["--step_timeout", "0"]), 0, 1).timeout_s is None
+    assert group(build_config(flags + ["--step_timeout", "42"])).timeout_s == 42.0
+    assert group(build_config(flags + ["--step_timeout", "0"])).timeout_s is None
     assert build_config(flags).step_timeout == 3600.0

@@ -94,6 +94,7 @@ def test_vllm_engines_have_room_for_the_longer_evaluation_responses(monkeypatch,
     """max_model_len = prompt_max_len + max(generate_max_len, eval_generate_max_len): no silent cap of eval length."""
     import openrlhf_hacpo.engines.vllm_engine as vllm_engine
     from openrlhf_hacpo.actors.agent_group import AgentGroup
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.config import AgentConfig, TrainConfig
 
     seen = {}
@@ -102,5 +103,5 @@ def test_vllm_engines_have_room_for_the_longer_evaluation_responses(monkeypatch,
                       vllm_num_engines=1, prompt_max_len=64, generate_max_len=16, eval_data="e.jsonl",
                       eval_generate_max_len=eval_len, rollout_batch_size=2, n_samples_per_prompt=2,
                       train_batch_size=4, micro_train_batch_size=2)
-    AgentGroup(cfg, 0, total_updates=1)._create_engines()
+    AgentGroup(cfg, plan_agents(cfg, on_gpu=False)[0], total_updates=1).launcher.create_engines()
     assert seen["max_model_len"] == expected

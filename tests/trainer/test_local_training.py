@@ -211,6 +211,7 @@ def test_worker_update_equals_a_hand_written_gspo_step(tmp_path, tiny_agents, ba
     """
     import copy
 
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.actors.policy import PolicyWorker
     from openrlhf_hacpo.data.prompts import load_prompt_dataset
     from openrlhf_hacpo.engines.base import SamplingConfig
@@ -220,7 +221,7 @@ def test_worker_update_equals_a_hand_written_gspo_step(tmp_path, tiny_agents, ba
                                  "--micro_train_batch_size", "4", "--lr_scheduler", "constant",
                                  "--adam_betas", "0.9", "0.99", "--max_norm", "100",
                                  "--kernel_backend", kernel_backend))
-    worker = PolicyWorker(cfg, 0, total_updates=1)
+    worker = PolicyWorker(cfg, plan_agents(cfg, on_gpu=False)[0], total_updates=1)
     worker.setup()
     hand_model = copy.deepcopy(worker.model).float().train()
     initial = {n: p.detach().clone() for n, p in worker.model.named_parameters()}

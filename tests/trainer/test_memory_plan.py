@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from openrlhf_hacpo.actors.agent_plan import plan_agents
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.trainer.memory_check import detect_gpu_bytes, launch_memory_plan
 from openrlhf_hacpo.trainer.memory_layout import AgentLayout
@@ -337,6 +338,11 @@ def _config(**extra) -> TrainConfig:
                        bf16=True, micro_train_batch_size=4, **extra)
 
 
+def _launch(cfg: TrainConfig, model_configs, **kw):
+    """The launch's memory plan of ``cfg``'s agents planned for GPUs, as the driver plans them."""
+    return launch_memory_plan(cfg, plan_agents(cfg, on_gpu=True), model_configs, **kw)
+
+
 def _q8_config():
     return SimpleNamespace(model_type="qwen3", vocab_size=151936, hidden_size=4096, num_hidden_layers=36,
                            num_attention_heads=32, num_key_value_heads=8, head_dim=128, intermediate_size=12288,
@@ -346,18 +352,17 @@ def _q8_config():
 def test_launch_refuses_unless_told_not_to():
     lines = []
     with pytest.raises(ValueError, match="agent 'q8'.*options that fit"):
-        launch_memory_plan(_config(generate_max_len=8192), {"q8": _q8_config()}, log=lines.append,
-                           detect=lambda: H100_BYTES)
+        _launch(_config(generate_max_len=8192), {"q8": _q8_config()}, log=lines.append, detect=lambda: H100_BYTES)
     assert "memory plan per GPU" in lines[0]
     lines.clear()
-    plan = launch_memory_plan(_config(generate_max_len=8192, memory_check=False), {"q8": _q8_config()},
-                              log=lines.append, detect=lambda: H100_BYTES)
+    plan = _launch(_config(generate_max_len=8192, memory_check=False), {"q8": _q8_config()},
+                   log=lines.append, detect=lambda: H100_BYTES)
     assert not plan.fits and "--no_memory_check" in lines[-1]
 
 
 def test_launch_reads_the_run_settings_and_the_gpu_size_flag():
     cfg = _config(gpu_memory_gb=141.0, gradient_checkpointing=True, adam_offload=True, colocate_all_models=True)
-    plan = launch_memory_plan(cfg, {"q8": _q8_config()}, log=lambda _: None, detect=lambda: 1)
+    plan = _launch(cfg, {"q8": _q8_config()}, log=lambda _: None, detect=lambda: 1)
     assert plan.gpu_bytes == 141 * GIB and plan.fits
     (layout,) = plan.layouts
     assert (layout.dp, layout.zero_stage, layout.engines, layout.colocated, layout.engine_utilization) == \
@@ -365,14 +370,14 @@ def test_launch_reads_the_run_settings_and_the_gpu_size_flag():
     assert layout.adam_offload and layout.gradient_checkpointing and layout.reference  # default --init_kl_coef
     assert all(r.master == 0 and r.optimizer == 0 for r in plan.rows)
     unknown = []
-    assert launch_memory_plan(_config(), {"q8": _q8_config()}, log=unknown.append, detect=lambda: None).fits
+    assert _launch(_config(), {"q8": _q8_config()}, log=unknown.append, detect=lambda: None).fits
     assert "GPU size unknown" in unknown[-1]
 
 
 def test_launch_skips_a_model_it_cannot_count():
     moe = SimpleNamespace(model_type="qwen3_moe", num_experts=8)
     lines = []
-    assert launch_memory_plan(_config(), {"q8": moe}, log=lines.append, detect=lambda: H100_BYTES) is None
+    assert _launch(_config(), {"q8": moe}, log=lines.append, detect=lambda: H100_BYTES) is None
     assert lines == ["memory plan skipped: agent 'q8': the memory plan counts dense decoders only; 'qwen3_moe' is a "
                      "mixture of experts"]
 
@@ -397,9 +402,9 @@ def test_gpu_preflight_prints_and_applies_the_plan(tmp_path, caplog):
     # fp32: the 1 GiB CUDA context and DeepSpeed's reduce bucket of 5e8 x 4 bytes (1.86 GiB, x 1.1) are most of it
     fits = TrainConfig(agents=agents, prompt_data="p.jsonl", use_ray=False, gpu_memory_gb=3.5)
     with caplog.at_level("INFO", logger="openrlhf_hacpo"):
-        run_gpu_stack_preflight(fits, use_gpu=True, cluster_gpus=None)
+        run_gpu_stack_preflight(fits, plan_agents(fits, on_gpu=True), cluster_gpus=None)
     assert "memory plan per GPU" in caplog.text and "GPU size 3.5 GiB" in caplog.text
     tight = TrainConfig(agents=agents, prompt_data="p.jsonl", use_ray=False, gpu_memory_gb=0.5)
     with pytest.raises(ValueError, match="agent 'tiny'.*0.5 GiB"):  # 1 GiB of CUDA context alone exceeds it
-        run_gpu_stack_preflight(tight, use_gpu=True, cluster_gpus=None)
-    run_gpu_stack_preflight(tight, use_gpu=False, cluster_gpus=None)  # CPU runs: no plan
+        run_gpu_stack_preflight(tight, plan_agents(tight, on_gpu=True), cluster_gpus=None)
+    run_gpu_stack_preflight(tight, plan_agents(tight, on_gpu=False), cluster_gpus=None)  # CPU runs: no plan

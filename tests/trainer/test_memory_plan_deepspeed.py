@@ -15,15 +15,16 @@ def _engine(tiny_agents, tmp_path, *flags):
     from gpu_stack.stack_fixtures import init_gloo_world, worker_config
     from transformers import AutoConfig
 
+    from openrlhf_hacpo.actors.agent_plan import LoraPlan, plan_agents
     from openrlhf_hacpo.actors.deepspeed_setup import build_policy_engine
     from openrlhf_hacpo.trainer.memory_layout import agent_layouts
 
     init_gloo_world()
     cfg = worker_config(tiny_agents["llama"], tmp_path, "--micro_train_batch_size", "2", "--lr_scheduler",
                         "constant", "--actor_learning_rate", "1e-3", *flags)
-    built = build_policy_engine(cfg, cfg.resolved_agents()[0], total_updates=2)
+    built = build_policy_engine(cfg, cfg.resolved_agents()[0], LoraPlan(), total_updates=2)
     config = AutoConfig.from_pretrained(tiny_agents["llama"])
-    (layout,) = agent_layouts(cfg, {"qwen": config})
+    (layout,) = agent_layouts(cfg, plan_agents(cfg, on_gpu=True), {"qwen": config})
     return built, config, layout
 
 

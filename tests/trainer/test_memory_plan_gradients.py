@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from openrlhf_hacpo.actors.agent_plan import plan_agents
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
 from openrlhf_hacpo.trainer.memory_layout import AgentLayout, agent_layouts
 from openrlhf_hacpo.trainer.memory_rows import plan_agent, policy_phases
@@ -143,7 +144,7 @@ def test_accumulation_steps_from_the_run_config():
     for batch, micro, dp, steps in ((512, 4, 2, 64), (8, 8, 1, 1), (16, 8, 1, 2)):
         cfg = TrainConfig(agents=[AgentConfig(name="a", pretrain="models/a", dp_size=dp)], prompt_data="p.jsonl",
                           train_batch_size=batch, micro_train_batch_size=micro)
-        (layout,) = agent_layouts(cfg, configs)
+        (layout,) = agent_layouts(cfg, plan_agents(cfg, on_gpu=True), configs)
         assert layout.accumulation_steps == steps, (batch, micro, dp)
 
 

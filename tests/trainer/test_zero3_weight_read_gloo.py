@@ -28,6 +28,7 @@ def read_weights(cfg, rank: int, port: int, out: str) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     from deepspeed.runtime.zero.partition_parameters import Init
 
+    from openrlhf_hacpo.actors.agent_plan import plan_agents
     from openrlhf_hacpo.actors.policy import PolicyWorker
 
     calls = []
@@ -38,7 +39,7 @@ def read_weights(cfg, rank: int, port: int, out: str) -> None:
         return coalesced(self, *args, **kwargs)
 
     Init._allgather_params_coalesced = counted
-    worker = PolicyWorker(cfg, 0, rank, 2, "127.0.0.1", port)
+    worker = PolicyWorker(cfg, plan_agents(cfg, on_gpu=False)[0], rank, 2, "127.0.0.1", port)
     worker.setup()
     weights = worker.state_dict_for_sync()
     torch.save({"calls": calls, "weights": weights if rank == 0 else None}, f"{out}.{rank}")
