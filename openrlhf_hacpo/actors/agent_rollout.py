@@ -3,8 +3,8 @@
 score their share straight from the engines' results), and keeps its sleeping engines' state (vLLM sleep mode).
 
 The engines' own log-probs of the sampled tokens are handled in one place, :meth:`AgentRollout.engine_rollout`
-with :func:`attach_behaviour_logps`: asked for with ``--own_old_logp behaviour`` (``TrainConfig.
-resolved_own_old_logp``) and attached to the trajectories as ``Trajectory.behaviour_logp``.
+with :func:`attach_behaviour_logps`: asked for with ``--own_old_logp behaviour`` or ``--rollout_is``
+(``TrainConfig.keeps_engine_logps``) and attached to the trajectories as ``Trajectory.behaviour_logp``.
 """
 from __future__ import annotations
 
@@ -63,8 +63,9 @@ class AgentRollout:
         ``generate`` call (asked once the outputs are in: an actor runs one caller's calls in order, so no later
         generation has run on it yet); the ranks' results bring their ``scoring``.
 
-        With ``--own_old_logp behaviour`` (``auto`` in a one-step-off run at temperature 1) the engines also return
-        their log-probs of the sampled tokens, which the driver attaches to the trajectories
+        With ``--own_old_logp behaviour`` (``auto`` in a one-step-off run at temperature 1) or ``--rollout_is`` (the
+        training-inference correction) the engines also return their log-probs of the sampled tokens, which the
+        driver attaches to the trajectories
         (``Trajectory.behaviour_logp``, :func:`attach_behaviour_logps`).
         """
         group = self.group
@@ -72,7 +73,7 @@ class AgentRollout:
         timer = PhaseTimer()
         generated = timer.start("generate")  # ends when the engines' outputs are in
         version = group.engine_version
-        behaviour = cfg.resolved_own_old_logp == "behaviour"
+        behaviour = cfg.keeps_engine_logps
         if behaviour:
             sampling = replace(sampling, return_logprobs=True)
         if rendered is None:
