@@ -46,6 +46,7 @@ __all__ = [
     "only_for_refusal",
     "ROLLOUT_BACKENDS",
     "ENGINE_BACKENDS",
+    "ENGINE_DTYPES",
     "OWN_OLD_LOGPS",
     "LR_SCHEDULERS",
     "AgentConfig",
@@ -54,6 +55,8 @@ __all__ = [
 
 ROLLOUT_BACKENDS = ("hf", "hf_engine", "vllm")
 ENGINE_BACKENDS = ("hf_engine", "vllm")
+ENGINE_DTYPES = ("auto", "float32", "bfloat16")
+"""Precision of an agent's rollout engines: ``auto`` = the policy's (``bfloat16`` with ``--bf16``, else ``float32``)."""
 OWN_OLD_LOGPS = ("auto", "behaviour", "recompute")
 MISMATCH_ALARM = 1e-4
 """``--mismatch_alarm`` of fp32 agents when not given: 500x the measured fp32 gap (about 2e-7 per token, CPU,
@@ -88,6 +91,8 @@ class AgentConfig:
     * ``dp_size``: data-parallel policy workers (one GPU each on GPU machines, one process each on CPU).
     * ``vllm_num_engines`` / ``vllm_tensor_parallel_size``: this agent's vLLM rollout engines (``vllm`` backend).
     * ``attn_implementation``: passed to ``from_pretrained`` (``sdpa``, ``eager``, ``flash_attention_2``).
+    * ``engine_dtype``: precision of the agent's rollout engines (``hf_engine``, ``vllm``): ``auto`` (the policy's),
+      ``float32`` or ``bfloat16`` (:attr:`resolved_engine_dtype`).
     * ``lora_rank`` / ``lora_alpha`` / ``lora_dropout`` / ``target_modules``: a LoRA adapter instead of
       full-parameter training when ``lora_rank`` > 0 (:mod:`openrlhf_hacpo.actors.lora`).
     * ``adam_offload`` / ``param_offload`` / ``deepspeed_enable_sleep`` / ``ref_reward_offload``: where the policy's
@@ -109,6 +114,7 @@ class AgentConfig:
     vllm_num_engines: int | None = option(None, ge=0)
     vllm_tensor_parallel_size: int | None = option(None, ge=1)
     attn_implementation: str | None = None
+    engine_dtype: str | None = option(None, choices=ENGINE_DTYPES)
     lora_rank: int | None = option(None, ge=0)
     lora_alpha: int | None = option(None, gt=0)
     lora_dropout: float | None = option(None, ge=0, lt=1)
@@ -134,6 +140,16 @@ class AgentConfig:
     @property
     def tokenizer_path(self) -> str:
         return self.tokenizer or self.pretrain
+
+    @property
+    def resolved_engine_dtype(self) -> str:
+        """The engines' precision of a resolved agent (:meth:`TrainConfig.resolved_agents`): ``engine_dtype``, with
+        ``auto`` (or unset) meaning the policy's (``bfloat16`` with ``bf16``, else ``float32``). The one place that
+        decides it: the engine actors load their weights in it, the weight sync casts to it, the mismatch alarm's
+        default reads it."""
+        if self.engine_dtype in (None, "auto"):
+            return "bfloat16" if self.bf16 else "float32"
+        return self.engine_dtype
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "agent") -> "AgentConfig":
@@ -185,6 +201,7 @@ _INHERITED = {
     "vllm_num_engines": "vllm_num_engines",
     "vllm_tensor_parallel_size": "vllm_tensor_parallel_size",
     "attn_implementation": "attn_implementation",
+    "engine_dtype": "engine_dtype",
     "lora_rank": "lora_rank",
     "lora_alpha": "lora_alpha",
     "lora_dropout": "lora_dropout",
@@ -249,6 +266,10 @@ class TrainConfig:
                                "code)")
     vllm_num_engines: int = _rollout(1, ge=0, help="engines per agent")
     vllm_tensor_parallel_size: int = _rollout(1, ge=1, help="tensor-parallel GPUs per engine")
+    engine_dtype: str = _rollout("auto", choices=ENGINE_DTYPES, help="precision of the rollout engines (hf_engine, "
+                                 "vllm): auto = the policy's (bfloat16 with --bf16, else float32); bfloat16 engines "
+                                 "beside float32 learners are a real training-inference mismatch (mismatch/* "
+                                 "metrics, --rollout_is; docs/training.md)")
     # None: chosen per device by openrlhf_hacpo.engines.settings (CPU: eager; GPU: CUDA graphs, 0.95 of a
     # dedicated GPU, 0.5 and sleep mode when colocated)
     vllm_gpu_memory_utilization: float | None = _rollout(
@@ -460,6 +481,12 @@ class TrainConfig:
             if self.rollout_backend in ENGINE_BACKENDS:
                 raise ValueError(f"rollout_backend={self.rollout_backend!r} needs Ray (use_ray=True): its engines run "
                                  "as Ray actors")
+        if self.rollout_backend not in ENGINE_BACKENDS:
+            for agent in self.agents:
+                if agent.engine_dtype not in (None, "auto") or self.engine_dtype != "auto":
+                    raise ValueError(f"--engine_dtype (agent {agent.name!r}) sets the precision of engine actors: "
+                                     f"--rollout_backend {self.rollout_backend} generates inside the policy, in its "
+                                     "own precision; use --rollout_backend hf_engine or vllm")
         if self.rollout_backend == "hf_engine" and self.device == "cuda":
             raise ValueError("rollout_backend='hf_engine' runs its engines on CPU cores; with device='cuda' use "
                              "rollout_backend='vllm' (engine actors on GPUs) or 'hf' (generate on the policy's GPU)")

@@ -127,7 +127,7 @@ class AgentLaunch:
         group = self.group
         plan, cfg, settings = group.plan, group.cfg, group.plan.engine_settings
         kwargs: dict[str, Any] = dict(
-            dtype="bfloat16" if group.agent.bf16 else "float32",
+            dtype=plan.engine_dtype,
             enforce_eager=settings.enforce_eager,
             gpu_memory_utilization=settings.gpu_memory_utilization,
             enable_sleep_mode=settings.enable_sleep_mode,
@@ -179,7 +179,7 @@ class AgentLaunch:
 
             strategy = PlacementGroupSchedulingStrategy(placement_group=self.policy_group,
                                                         placement_group_bundle_index=0)
-        group.engines = [create_hf_engine(group.agent, seed=group.cfg.seed + 1000 * plan.index,
+        group.engines = [create_hf_engine(group.agent, plan.engine_dtype, seed=group.cfg.seed + 1000 * plan.index,
                                           core_share=plan.core_share(plan.dp), scheduling_strategy=strategy)]
 
     def _hf_engines_ready(self) -> None:

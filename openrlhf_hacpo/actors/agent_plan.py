@@ -84,6 +84,7 @@ class AgentPlan:
         lora: the LoRA adapter.
         adam_offload / param_offload / deepspeed_enable_sleep / ref_reward_offload: where states live.
         engine_settings: the vLLM engines' memory, graph and sleep settings (None without vLLM engines).
+        engine_dtype: the engines' precision, ``float32`` or ``bfloat16`` (``AgentConfig.resolved_engine_dtype``).
         node: the node the agent is pinned to (``node=``), or None.
         nodes: the node of each bundle, on a multi-node cluster (None: Ray packs the bundles).
         run_dp / run_vllm_engines: every agent's ``dp`` and ``vllm_engines``, in agent order (core splits).
@@ -104,6 +105,7 @@ class AgentPlan:
     deepspeed_enable_sleep: bool = False
     ref_reward_offload: bool = False
     engine_settings: EngineSettings | None = None
+    engine_dtype: str = "float32"
     node: str | None = None
     nodes: AgentPlacement | None = None
     run_dp: tuple[int, ...] = ()
@@ -225,7 +227,7 @@ def plan_agents(cfg: TrainConfig, on_gpu: bool) -> list[AgentPlan]:
                       target_modules=agent.target_modules),
         adam_offload=bool(agent.adam_offload), param_offload=bool(agent.param_offload),
         deepspeed_enable_sleep=bool(agent.deepspeed_enable_sleep), ref_reward_offload=bool(agent.ref_reward_offload),
-        engine_settings=settings, node=agent.node, run_dp=tuple(a.dp_size for a in agents),
+        engine_settings=settings, engine_dtype=agent.resolved_engine_dtype, node=agent.node, run_dp=tuple(a.dp_size for a in agents),
         run_vllm_engines=engines) for index, agent in enumerate(agents)]
 
 

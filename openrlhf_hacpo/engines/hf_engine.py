@@ -89,7 +89,8 @@ class HFEngine:
         pretrain: the agent's model folder (the policy's initial weights).
         tokenizer: the agent's tokenizer folder or id (``AgentConfig.tokenizer_path``).
         chat_template: the agent's chat-template override (EOS and pad ids come from the tokenizer it yields).
-        bf16: load the weights in bfloat16 (the policy's ``bf16``), else float32.
+        bf16: load the weights in bfloat16 (the plan's engine precision, ``--engine_dtype``), else float32; the
+            weight sync casts the policy's tensors to it.
         attn_implementation: passed to ``from_pretrained`` as the policy passes it.
         seed: seeds the torch RNG at start (drives calls without a seed of their own).
         core_share: this engine's share of its node's cores (:func:`bind_to_share`); None leaves the process as
@@ -158,9 +159,11 @@ def hf_engine_actor_class():
     return ray.remote(HFEngine)
 
 
-def create_hf_engine(agent: Any, *, seed: int, core_share: CoreShare | None = None, scheduling_strategy: Any = None):
-    """Start one :class:`HFEngine` actor for ``agent`` (an :class:`~openrlhf_hacpo.config.AgentConfig`); its model
-    loads while the caller goes on (``engine.ready.remote()`` resolves once it has).
+def create_hf_engine(agent: Any, dtype: str, *, seed: int, core_share: CoreShare | None = None,
+                     scheduling_strategy: Any = None):
+    """Start one :class:`HFEngine` actor for ``agent`` (an :class:`~openrlhf_hacpo.config.AgentConfig`) with its
+    weights in ``dtype`` (``float32`` or ``bfloat16``: the plan's engine precision); its model loads while the caller
+    goes on (``engine.ready.remote()`` resolves once it has).
 
     The actor asks Ray for no CPU (like the policy actors: cores are split by pinning, ``core_share``);
     ``scheduling_strategy`` places it (the agent group puts it in its policy's placement group, on rank 0's node).
@@ -169,7 +172,7 @@ def create_hf_engine(agent: Any, *, seed: int, core_share: CoreShare | None = No
     if scheduling_strategy is not None:
         options["scheduling_strategy"] = scheduling_strategy
     engine = hf_engine_actor_class().options(**options).remote(
-        agent.pretrain, tokenizer=agent.tokenizer_path, chat_template=agent.chat_template, bf16=bool(agent.bf16),
+        agent.pretrain, tokenizer=agent.tokenizer_path, chat_template=agent.chat_template, bf16=dtype == "bfloat16",
         attn_implementation=agent.attn_implementation, seed=seed,
         core_share=core_share, owner=f"agent {agent.name!r} HF engine")
     return engine

@@ -4,7 +4,8 @@ It holds the settings that decide what a step computes: the algorithm with all i
 settings, the agents (name, model as given, tokenizer, learning rate, ZeRO stage, precision, data-parallel size),
 the seed, the prompt data and its rendering, the sampling settings and the EOS policy, the reward function, the batch
 geometry and mini-batch order, and the optimizer schedule (learning-rate schedule, warm-up, gradient clip, weight
-decay, episodes), with ``--one_step_off`` the schedule, and with ``--rollout_is`` the training-inference correction.
+decay, episodes), with ``--one_step_off`` the schedule, with ``--rollout_is`` the training-inference correction, and the engines'
+precision where it differs from the policy's (``--engine_dtype``).
 Settings that only change how long or how visibly a run goes (``max_steps``, save, log and evaluation cadence, output
 sinks) are left out, so they may change between a run and its resume.
 """
@@ -47,6 +48,8 @@ def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
         out.update({"one_step_off": True, "own_old_logp": cfg.resolved_own_old_logp})
     for agent in cfg.resolved_agents():
         out.update({f"agent.{agent.name}.{k}": _plain(getattr(agent, k)) for k in _AGENT_FIELDS})
+        if agent.resolved_engine_dtype != ("bfloat16" if agent.bf16 else "float32"):  # engines in another precision
+            out[f"agent.{agent.name}.engine_dtype"] = agent.resolved_engine_dtype  # (only then: fingerprints stay)
         if agent.lora_rank:  # a LoRA agent's checkpoint holds its adapter: rank and targets must match on resume
             out.update({f"agent.{agent.name}.{k}": getattr(agent, k) for k in _LORA_FIELDS})
     return out

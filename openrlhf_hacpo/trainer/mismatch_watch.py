@@ -43,11 +43,12 @@ def mismatch_metrics(rollouts: Sequence[Any], names: Sequence[str], trains_on_fo
 
 def alarm_threshold(cfg: Any, agent: Any) -> float:
     """The ``mean_abs`` above which ``agent``'s rollouts stop the run (0: never): ``--mismatch_alarm`` when given,
-    else :data:`~openrlhf_hacpo.config.MISMATCH_ALARM` for an fp32 agent and 0 for a bf16 one (its engines round
-    every logit: no measured baseline yet)."""
+    else :data:`~openrlhf_hacpo.config.MISMATCH_ALARM` for an agent whose policy and engines both run in fp32 and 0
+    where either is bf16 (``--bf16``, ``--engine_dtype bfloat16``: rounding every logit gives a gap of its own, see
+    docs/training.md)."""
     if cfg.mismatch_alarm is not None:
         return float(cfg.mismatch_alarm)
-    return 0.0 if agent.bf16 else MISMATCH_ALARM
+    return 0.0 if agent.bf16 or agent.resolved_engine_dtype == "bfloat16" else MISMATCH_ALARM
 
 
 def check_mismatch(step: int, rollouts: Sequence[Any], agents: Sequence[Any], cfg: Any) -> None:

@@ -180,14 +180,14 @@ def check_vllm_compatibility(cfg: TrainConfig, model_configs: Mapping[str, Any],
     context = cfg.prompt_max_len + max(cfg.generate_max_len, cfg.eval_generate_max_len or 0)
     for agent in cfg.resolved_agents():
         config = model_configs[agent.name]
-        dtype = torch.bfloat16 if agent.bf16 else torch.float32
+        dtype = getattr(torch, agent.resolved_engine_dtype)  # the engines' precision (--engine_dtype)
         head = _head_size(config)
         if head is not None and not vllm_head_sizes(device, dtype)(head):
             in_dtype = f" in {str(dtype).removeprefix('torch.')}" if device == "cuda" else ""
             raise ValueError(f"agent {agent.name!r}: head size {head} of {agent.pretrain!r} is not supported by "
                              f"vLLM's {device} attention backend (supported{in_dtype}: "
                              f"{_head_size_rule(device, dtype)}); use --rollout_backend hf for this run"
-                             + (" or --bf16" if device == "cuda" and dtype == torch.float32 else ""))
+                             + (" or --engine_dtype bfloat16" if device == "cuda" and dtype == torch.float32 else ""))
         if dtype not in ENGINE_DTYPES[device]:
             raise ValueError(f"agent {agent.name!r}: vLLM on {device} does not run {dtype}")
         limit = getattr(config, "max_position_embeddings", None)

@@ -104,3 +104,28 @@ def test_the_memory_layout_takes_the_plans_values():
     assert (full.engine_utilization, full.engine_sleep, full.deepspeed_enable_sleep) == (0.5, True, True)
     assert full.has_reference and not lora.has_reference  # the LoRA agent's reference is its adapter-off model
     assert (lora.lora_rank, lora.target_modules) == (8, "q_proj")
+
+
+def test_the_engines_precision_is_the_policys_unless_set():
+    """``--engine_dtype`` auto: the policy's precision; set run-wide or per agent, it holds for the engines alone
+    (AgentConfig.resolved_engine_dtype, copied into the plan); refused where no engine actor runs."""
+    cfg = _cfg(AgentConfig("q", "/m/q"), AgentConfig("l", "/m/l", bf16=True), AgentConfig("s", "/m/s",
+               engine_dtype="float32", bf16=True), rollout_batch_size=6, train_batch_size=12)
+    assert [p.engine_dtype for p in plan_agents(cfg, on_gpu=False)] == ["float32", "bfloat16", "float32"]
+    cfg = _cfg(AgentConfig("q", "/m/q"), AgentConfig("l", "/m/l", engine_dtype="float32"), engine_dtype="bfloat16")
+    assert [p.engine_dtype for p in plan_agents(cfg, on_gpu=False)] == ["bfloat16", "float32"]
+    assert [a.bf16 for a in cfg.resolved_agents()] == [False, False]  # the learners stay in fp32
+    with pytest.raises(ValueError, match=r"--engine_dtype \(agent 'q'\).*--rollout_backend hf generates inside"):
+        _cfg(AgentConfig("q", "/m/q"), engine_dtype="bfloat16", rollout_backend="hf")
+    with pytest.raises(ValueError, match=r"engine_dtype"):
+        _cfg(AgentConfig("q", "/m/q", engine_dtype="float16"))
+
+
+def test_the_engines_precision_is_fingerprinted_only_where_it_is_not_the_policys():
+    from openrlhf_hacpo.trainer.fingerprint import config_fingerprint
+
+    same = config_fingerprint(_cfg(AgentConfig("q", "/m/q"), engine_dtype="float32"))
+    assert not any("engine_dtype" in key for key in same)  # float32 engines of a float32 policy: as before
+    other = config_fingerprint(_cfg(AgentConfig("q", "/m/q"), AgentConfig("l", "/m/l", bf16=True),
+                                    engine_dtype="bfloat16", rollout_batch_size=4, train_batch_size=8))
+    assert other["agent.q.engine_dtype"] == "bfloat16" and "agent.l.engine_dtype" not in other

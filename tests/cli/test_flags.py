@@ -66,6 +66,8 @@ ADDED_FLAGS = {
              "when --rollout_is is given"
        for flag in ("rollout_is", "rollout_is_level", "rollout_is_mode", "rollout_is_threshold",
                     "rollout_is_threshold_lower")},
+    "engine_dtype": "the engines' precision, auto = the policy's (what every run did before): fingerprinted only where "
+                    "it differs from the policy's",
 }
 """Flags added since the fixture was captured, each with its reason."""
 ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "length_grouping": True,
@@ -77,8 +79,8 @@ ADDED_FIELDS = {"algo.loss.dual_clip_c": 3.0, "skip_zero_grad_rows": True, "leng
                 "vllm_cpu_single_process": False, "mismatch_metrics": True, "mismatch_alarm": None,
                 "algo.loss.rollout_is": False, "algo.loss.rollout_is_level": "sequence",
                 "algo.loss.rollout_is_mode": "truncate", "algo.loss.rollout_is_threshold": 2.0,
-                "algo.loss.rollout_is_threshold_lower": None}
-ADDED_AGENT_FIELDS = {"node": None,  # pins an agent to a node (placement only, not fingerprinted)
+                "algo.loss.rollout_is_threshold_lower": None, "engine_dtype": "auto"}
+ADDED_AGENT_FIELDS = {"node": None, "engine_dtype": None,  # pins an agent to a node (placement only, not fingerprinted)
                       "lora_rank": None, "lora_alpha": None, "lora_dropout": None, "target_modules": None,
                       "adam_offload": None, "param_offload": None, "deepspeed_enable_sleep": None,
                       "ref_reward_offload": None}

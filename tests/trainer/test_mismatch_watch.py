@@ -70,8 +70,9 @@ def _cfg(**kw):
     return SimpleNamespace(**{"mismatch_alarm": 0.1, "one_step_off": False, "rollout_backend": "hf_engine", **kw})
 
 
-def _agents(*names, bf16=False):
-    return [SimpleNamespace(name=n, bf16=bf16) for n in names]
+def _agents(*names, bf16=False, engine_dtype=None):
+    engine_dtype = engine_dtype or ("bfloat16" if bf16 else "float32")
+    return [SimpleNamespace(name=n, bf16=bf16, resolved_engine_dtype=engine_dtype) for n in names]
 
 
 def test_the_alarm_names_agent_backend_and_gap():
@@ -95,6 +96,8 @@ def test_the_default_threshold_is_the_fp32_one_and_off_for_bf16_agents():
         check_mismatch(1, [just_above], _agents("x"), _cfg(mismatch_alarm=None))
     assert alarm_threshold(_cfg(mismatch_alarm=None), _agents("x")[0]) == MISMATCH_ALARM
     assert alarm_threshold(_cfg(mismatch_alarm=None), _agents("x", bf16=True)[0]) == 0.0
+    # fp32 learners beside bf16 engines (--engine_dtype bfloat16): off too
+    assert alarm_threshold(_cfg(mismatch_alarm=None), _agents("x", engine_dtype="bfloat16")[0]) == 0.0
     check_mismatch(1, [just_above], _agents("x", bf16=True), _cfg(mismatch_alarm=None))
     # a given threshold holds for bf16 agents too
     with pytest.raises(TrainingError):
