@@ -193,6 +193,15 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
         reference="hacpo", extra=("--rollout_backend", "hf_engine", "--one_step_off", "--own_old_logp", "behaviour")),
     Arm("hacpo-overlap-recompute", "HACPO, one step off (recomputed old log-probs)", "hacpo", kind="overlap",
         reference="hacpo", extra=("--rollout_backend", "hf_engine", "--one_step_off", "--own_old_logp", "recompute")),
+    Arm("engines-fp32", "HACPO, hf_engine, fp32 engines", "hacpo", kind="mismatch",
+        extra=("--rollout_backend", "hf_engine")),
+    Arm("engines-bf16", "HACPO, hf_engine, bf16 engines", "hacpo", kind="mismatch", reference="engines-fp32",
+        extra=("--rollout_backend", "hf_engine", "--engine_dtype", "bfloat16")),
+    *(Arm(f"bf16-is-{level[:3]}-{mode}", f"HACPO, bf16 engines, --rollout_is {level} {mode}", "hacpo",
+          kind="mismatch", reference="engines-fp32",
+          extra=("--rollout_backend", "hf_engine", "--engine_dtype", "bfloat16", "--rollout_is",
+                 "--rollout_is_level", level, "--rollout_is_mode", mode))
+      for level in ("sequence", "token") for mode in ("truncate", "mask")),
 )}
 MAIN_COMPARISONS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive-paper"), ("hacpo", "naive-gated"))
 """(arm, baseline) pairs of the headline comparison."""
@@ -205,10 +214,11 @@ Naive; Naive below single-agent GSPO), judged on the 95% interval of the paired 
 of them (agents × comparisons)."""
 GROUPS = {"main": [a for a in ARMS if ARMS[a].kind == "main"],
           "ablations": [a for a in ARMS if ARMS[a].kind == "ablation"],
-          "levers": [a for a in ARMS if ARMS[a].kind == "lever"]}
+          "levers": [a for a in ARMS if ARMS[a].kind == "lever"],
+          "mismatch": [a for a in ARMS if ARMS[a].kind == "mismatch"]}
 GROUPS["all"] = GROUPS["main"] + GROUPS["ablations"]
 DEFAULT_SEEDS = {"main": (0, 1, 2, 3, 4), "ablation": (0, 1), "lever": (0, 1), "lora": (0, 1, 2),
-                 "overlap": (0, 1, 2, 3, 4)}
+                 "overlap": (0, 1, 2, 3, 4), "mismatch": (0, 1, 2, 3, 4)}
 
 
 def _log(message: str) -> None:
@@ -653,7 +663,7 @@ def evidence_report(arms: Mapping[str, Any], found: Mapping[str, Mapping[int, An
     pairs = [p for p in MAIN_COMPARISONS if p[0] in found and p[1] in found]
     pairs += [p for p in PAPER_ORDERINGS if p not in pairs and p[0] in found and p[1] in found]
     pairs += [(n, reference_of(ARMS[n], regime)) for n in found
-              if reference_of(ARMS[n], regime) in found and ARMS[n].kind == "ablation"]
+              if reference_of(ARMS[n], regime) in found and ARMS[n].kind in ("ablation", "mismatch")]
     comparisons: dict[str, dict[str, Any]] = {}
     for a, b in pairs:
         key = f"{a} - {b}"

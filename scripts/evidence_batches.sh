@@ -11,6 +11,8 @@
 #   paper-state     preset state, likewise
 #   paper-ablations preset model, the paper's regime: -Adv, -omega, no foreign clip, no stepwise; seeds 0-4
 #   confirm-model   preset model, the paper's regime, the main arms on the held-out seeds 10-19
+#   mismatch-model  preset model, the paper's regime, hf_engine engines: fp32, bf16, and bf16 with each
+#                   --rollout_is level x mode; seeds 0-4 (needs a commit with --engine_dtype and --rollout_is)
 #
 # The worktree goes to $EVIDENCE_ROOT/worktree-<commit> (default /work/evidence or ./evidence-runs), with its own
 # virtual environment (an editable install imports the code of the checkout it was installed from), and the run
@@ -65,6 +67,7 @@ for batch in "${BATCHES[@]}"; do
         confirm-model)   run "$batch" --preset model --regime paper --arms "$MAIN" --seeds "$HELD_OUT" \
                              --runs_dir "$RUNS/compare_tiny/model-80steps-paper-heldout" \
                              --results_dir "$RESULTS/heldout" ;;
+        mismatch-model)  run "$batch" --preset model --regime paper --arms mismatch --seeds "$SEEDS5" ;;
         *) echo "$0: unknown batch $batch" >&2; exit 2 ;;
     esac
 done

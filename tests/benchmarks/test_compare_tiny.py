@@ -59,6 +59,32 @@ def test_comparison_arms_build_valid_trainer_commands(tmp_path):
     assert cmd[cmd.index("--") + 1:] == ["--train_batch_size", "128", "--micro_train_batch_size", "64"]
 
 
+def test_the_mismatch_arms_are_bf16_engines_with_each_correction_against_fp32_engines(tmp_path):
+    from openrlhf_hacpo.cli.train_hacpo import build_config
+    from openrlhf_hacpo.zoo import get_preset
+
+    compare = _compare_module()
+    preset = get_preset("model")
+    seen = {}
+    for name in compare.parse_arms("mismatch"):
+        arm = compare.ARMS[name]
+        cfg = MainJobConfig(preset=preset, algorithm=arm.algorithm, n_samples_per_prompt=arm.group_size(preset),
+                            output=tmp_path / name, extra_args=tuple(arm.trainer_flags(preset, "paper")),
+                            regime="paper")
+        train = build_config(trainer_argv(cfg, {"llamaS": tmp_path / "l", "qwenM": tmp_path / "q"},
+                                          {"train": tmp_path / "t.jsonl", "eval": tmp_path / "e.jsonl"}))
+        loss = train.algo.loss
+        seen[name] = (train.rollout_backend, [a.resolved_engine_dtype for a in train.resolved_agents()],
+                      loss.rollout_is and (loss.rollout_is_level, loss.rollout_is_mode), arm.reference)
+    fp32, bf16 = ["float32", "float32"], ["bfloat16", "bfloat16"]
+    assert seen == {"engines-fp32": ("hf_engine", fp32, False, None),
+                    "engines-bf16": ("hf_engine", bf16, False, "engines-fp32"),
+                    "bf16-is-seq-truncate": ("hf_engine", bf16, ("sequence", "truncate"), "engines-fp32"),
+                    "bf16-is-seq-mask": ("hf_engine", bf16, ("sequence", "mask"), "engines-fp32"),
+                    "bf16-is-tok-truncate": ("hf_engine", bf16, ("token", "truncate"), "engines-fp32"),
+                    "bf16-is-tok-mask": ("hf_engine", bf16, ("token", "mask"), "engines-fp32")}
+
+
 def test_imports_library_modules_only():
     tree = ast.parse(SCRIPT.read_text(encoding="utf-8"))
     imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
