@@ -46,9 +46,13 @@ def test_fp32_agent_with_small_heads_is_refused_on_cuda_and_bf16_is_not():
     fp32 = _cfg([AgentConfig(name="tiny", pretrain="/models/tiny")])
     with pytest.raises(ValueError, match=r"agent 'tiny': head size 16 .* cuda attention backend \(supported in "
                                          r"float32: Triton: >= 32 in any dtype \(FlashAttention does not run "
-                                         r"float32\)\); use --rollout_backend hf for this run or --bf16"):
+                                         r"float32\)\); use --rollout_backend hf for this run or --engine_dtype "
+                                         r"bfloat16"):
         check_vllm_compatibility(fp32, {"tiny": _config(16)}, "cuda")
     check_vllm_compatibility(fp32, {"tiny": _config(32)}, "cuda")
+    # the engines' precision decides, not the policy's: fp32 learners beside bf16 engines pass
+    bf16_engines = _cfg([AgentConfig(name="tiny", pretrain="/models/tiny", engine_dtype="bfloat16")])
+    check_vllm_compatibility(bf16_engines, {"tiny": _config(16)}, "cuda")
     bf16 = _cfg([AgentConfig(name="tiny", pretrain="/models/tiny", bf16=True)])
     check_vllm_compatibility(bf16, {"tiny": _config(16)}, "cuda")
     with pytest.raises(ValueError, match=r"head size 20 .* \(supported in bfloat16: FlashAttention: a multiple of 8 "
