@@ -85,9 +85,9 @@ def test_tune_loss_tiles_flags_a_tile_that_disagrees_with_the_twin(monkeypatch):
     assert tune.run_case(x, (4, 16, 4), (1, 32, 4))["matches_twin"]
     real = loss_module._hacpo_loss_torch
 
-    def twin_with_a_wider_window(*args):  # foreign rows above 1 keep their ratio and their gradient
+    def twin_with_a_wider_window(*args, **kwargs):  # foreign rows above 1 keep their ratio and their gradient
         params, totals = args[-2:]
-        return real(*args[:-2], dataclasses.replace(params, cross_clip_high=params.hi + 0.5), totals)
+        return real(*args[:-2], dataclasses.replace(params, cross_clip_high=params.hi + 0.5), totals, **kwargs)
 
     monkeypatch.setattr(loss_module, "_hacpo_loss_torch", twin_with_a_wider_window)
     assert not tune.run_case(x, (1, 2048, 4), (2, 1024, 4))["matches_twin"]
