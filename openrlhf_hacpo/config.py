@@ -142,13 +142,18 @@ class AgentConfig:
         return self.tokenizer or self.pretrain
 
     @property
+    def policy_dtype(self) -> str:
+        """The policy's weights' precision of a resolved agent: ``bfloat16`` with ``bf16``, else ``float32``."""
+        return "bfloat16" if self.bf16 else "float32"
+
+    @property
     def resolved_engine_dtype(self) -> str:
         """The engines' precision of a resolved agent (:meth:`TrainConfig.resolved_agents`): ``engine_dtype``, with
         ``auto`` (or unset) meaning the policy's (``bfloat16`` with ``bf16``, else ``float32``). The one place that
         decides it: the engine actors load their weights in it, the weight sync casts to it, the mismatch alarm's
         default reads it."""
         if self.engine_dtype in (None, "auto"):
-            return "bfloat16" if self.bf16 else "float32"
+            return self.policy_dtype
         return self.engine_dtype
 
     @classmethod

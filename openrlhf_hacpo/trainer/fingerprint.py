@@ -48,7 +48,7 @@ def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
         out.update({"one_step_off": True, "own_old_logp": cfg.resolved_own_old_logp})
     for agent in cfg.resolved_agents():
         out.update({f"agent.{agent.name}.{k}": _plain(getattr(agent, k)) for k in _AGENT_FIELDS})
-        if agent.resolved_engine_dtype != ("bfloat16" if agent.bf16 else "float32"):  # engines in another precision
+        if agent.resolved_engine_dtype != agent.policy_dtype:  # engines in another precision than the policy
             out[f"agent.{agent.name}.engine_dtype"] = agent.resolved_engine_dtype  # (only then: fingerprints stay)
         if agent.lora_rank:  # a LoRA agent's checkpoint holds its adapter: rank and targets must match on resume
             out.update({f"agent.{agent.name}.{k}": getattr(agent, k) for k in _LORA_FIELDS})

@@ -48,7 +48,8 @@ def alarm_threshold(cfg: Any, agent: Any) -> float:
     docs/training.md)."""
     if cfg.mismatch_alarm is not None:
         return float(cfg.mismatch_alarm)
-    return 0.0 if agent.bf16 or agent.resolved_engine_dtype == "bfloat16" else MISMATCH_ALARM
+    fp32 = agent.policy_dtype == agent.resolved_engine_dtype == "float32"
+    return MISMATCH_ALARM if fp32 else 0.0
 
 
 def check_mismatch(step: int, rollouts: Sequence[Any], agents: Sequence[Any], cfg: Any) -> None:

@@ -72,7 +72,8 @@ def _cfg(**kw):
 
 def _agents(*names, bf16=False, engine_dtype=None):
     engine_dtype = engine_dtype or ("bfloat16" if bf16 else "float32")
-    return [SimpleNamespace(name=n, bf16=bf16, resolved_engine_dtype=engine_dtype) for n in names]
+    return [SimpleNamespace(name=n, bf16=bf16, policy_dtype="bfloat16" if bf16 else "float32",
+                            resolved_engine_dtype=engine_dtype) for n in names]
 
 
 def test_the_alarm_names_agent_backend_and_gap():
