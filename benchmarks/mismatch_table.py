@@ -39,8 +39,6 @@ from throughput_setups import ARMS, make_setup  # noqa: E402
 from openrlhf_hacpo.algorithms.mismatch import MISMATCH_KEYS  # noqa: E402
 from openrlhf_hacpo.utils.jsonl import read_records  # noqa: E402
 
-SHOWN = ("mean_abs", "max_abs", "k3_kl", "seq_log_ratio_std", "ppl_ratio")
-"""The figures in the table (every figure of MISMATCH_KEYS goes into the JSON)."""
 
 
 def cell_figures(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
@@ -73,6 +71,11 @@ def refusal(log: str) -> str | None:
     return None
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    """A figure, or "–" where the run did not log it (never a made-up 0)."""
+    return "–" if value is None else format(value, spec)
+
+
 def format_table(payload: Mapping[str, Any]) -> str:
     lines = [f"# Training-inference mismatch: fp32 and bf16 engines, preset `{payload['preset']}`", "",
              f"Made by: `{payload['command']}`  ",
@@ -89,9 +92,9 @@ def format_table(payload: Mapping[str, Any]) -> str:
             lines.append(f"| {cell['backend']} | {cell['dtype']} | – | {why} | | | | | |")
             continue
         for agent, f in cell["agents"].items():
-            lines.append(f"| {cell['backend']} | {cell['dtype']} | {agent} | {f.get('mean_abs', 0):.2e} | "
-                         f"{f.get('max_abs', 0):.2e} | {f.get('max_abs_max', 0):.2e} | {f.get('k3_kl', 0):.2e} | "
-                         f"{f.get('seq_log_ratio_std', 0):.2e} | {f.get('ppl_ratio', 1):.6f} |")
+            shown = [_fmt(f.get(key), ".2e") for key in ("mean_abs", "max_abs", "max_abs_max", "k3_kl",
+                                                          "seq_log_ratio_std")] + [_fmt(f.get("ppl_ratio"), ".6f")]
+            lines.append(f"| {cell['backend']} | {cell['dtype']} | {agent} | " + " | ".join(shown) + " |")
     return "\n".join(lines) + "\n"
 
 
