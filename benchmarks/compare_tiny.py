@@ -41,7 +41,8 @@ Arms (G = the preset's group size, 8):
 ``--regime paper`` runs every arm as the paper's code trains (mini-batches of 64 rows: GSPO 2 optimizer updates per
 step, HACPO, the naives and GSPO ×2 4; :data:`openrlhf_hacpo.zoo.presets.REGIMES`); its runs go to
 ``<preset>-<steps>steps-paper`` and its report to ``tiny_<preset>_paper.*``. The two-update arms ``hacpo-m2`` and
-``no-stepwise`` belong to the single-update regime; in the paper's regime ``no-stepwise`` is compared with ``hacpo``.
+``no-stepwise`` set two updates per step for the single-update regime; ``hacpo-m2`` runs only there, and in the
+paper's regime ``no-stepwise`` takes the regime's updates (HACPO's 4) and is compared with ``hacpo``.
 
 Every run records the commit of the code that ran it (and whether the checkout had uncommitted changes); the report
 refuses runs of different commits (or of a changed checkout) in one table unless ``--allow_mixed_commits``, and then
@@ -130,13 +131,20 @@ class Arm:
     extra: tuple[str, ...] = ()
     reference: str | None = None
     """For an ablation or lever: the arm it is compared with, paired by seed."""
+    updates_are_the_point: bool = True
+    """Whether ``updates_per_step`` is what the arm measures (``hacpo-m2``): such an arm runs in the single-update
+    regime only. ``False`` (``no-stepwise``): the updates only give the ablated rule something to act on, and a
+    regime with several updates of its own (``paper``) runs the arm with the regime's updates instead."""
 
     def group_size(self, preset) -> int:
         return preset.rl.group_size * self.group_factor
 
     def trainer_flags(self, preset, regime: str = DEFAULT_REGIME) -> list[str]:
         flags = list(self.extra)
-        if self.updates_per_step > 1 and get_regime(regime).rows_per_update is not None:
+        regime_updates = get_regime(regime).rows_per_update is not None
+        if self.updates_per_step > 1 and regime_updates and not self.updates_are_the_point:
+            return flags  # the regime's own updates (several per step) take the place of the arm's
+        if self.updates_per_step > 1 and regime_updates:
             raise ValueError(f"arm {self.name} sets its own updates per step; it belongs to the {DEFAULT_REGIME} "
                              f"regime, not {regime!r}")
         if self.updates_per_step > 1:
@@ -165,8 +173,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("alpha3", "HACPO α=3", "hacpo", kind="ablation", reference="hacpo", extra=("--alpha", "3")),
     Arm("no-clip", "HACPO, no foreign clip", "hacpo-no-clip", kind="ablation", reference="hacpo"),
     Arm("hacpo-m2", "HACPO, 2 updates/step", "hacpo", kind="ablation", reference="hacpo", updates_per_step=2),
-    Arm("no-stepwise", "HACPO −stepwise, 2 updates/step", "hacpo-no-stepwise", kind="ablation",
-        reference="hacpo-m2", updates_per_step=2),
+    Arm("no-stepwise", "HACPO −stepwise (2 updates/step in the single-update regime)", "hacpo-no-stepwise",
+        kind="ablation", reference="hacpo-m2", updates_per_step=2, updates_are_the_point=False),
     Arm("delta05", "HACPO, window [0.5, 1]", "hacpo", kind="lever", reference="hacpo",
         extra=("--cross_clip_delta", "0.5")),
     Arm("delta1", "HACPO, window [0, 1]", "hacpo", kind="lever", reference="hacpo", extra=("--cross_clip_delta", "1")),
@@ -585,8 +593,10 @@ def render_plot(report: Mapping[str, Any]) -> bytes:
 
 
 def runs_in_regime(arm: Arm, regime: str) -> bool:
-    """Whether ``arm`` can run in ``regime`` (arms with updates of their own belong to the single-update regime)."""
-    return arm.updates_per_step == 1 or get_regime(regime).rows_per_update is None
+    """Whether ``arm`` can run in ``regime``: an arm whose point is its own updates per step (``hacpo-m2``) belongs to
+    the single-update regime; ``no-stepwise`` runs in both (:attr:`Arm.updates_are_the_point`)."""
+    return (arm.updates_per_step == 1 or not arm.updates_are_the_point
+            or get_regime(regime).rows_per_update is None)
 
 
 def reference_of(arm: Arm, regime: str) -> str | None:

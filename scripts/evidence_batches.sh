@@ -10,6 +10,8 @@
 #   paper-size      preset size, the paper's regime: HACPO, GSPO x2, the paper's naive; seeds 0-4
 #   paper-state     preset state, likewise
 #   paper-ablations preset model, the paper's regime: -Adv, -omega, no foreign clip, no stepwise; seeds 0-4
+#   paper-no-stepwise  preset model, the paper's regime: HACPO and -stepwise alone (for a commit whose other
+#                   ablations ran already); seeds 0-4
 #   confirm-model   preset model, the paper's regime, the main arms on the held-out seeds 10-19
 #   mismatch-model  preset model, the paper's regime, hf_engine engines: fp32, bf16, and bf16 with each
 #                   --rollout_is level x mode; seeds 0-4 (needs a commit with --engine_dtype and --rollout_is)
@@ -64,6 +66,7 @@ for batch in "${BATCHES[@]}"; do
         paper-state)     run "$batch" --preset state --regime paper --arms hacpo,gspo2x,naive-paper --seeds "$SEEDS5" ;;
         paper-ablations) run "$batch" --preset model --regime paper --arms no-adv,no-omega,no-clip,no-stepwise \
                              --seeds "$SEEDS5" ;;
+        paper-no-stepwise) run "$batch" --preset model --regime paper --arms hacpo,no-stepwise --seeds "$SEEDS5" ;;
         confirm-model)   run "$batch" --preset model --regime paper --arms "$MAIN" --seeds "$HELD_OUT" \
                              --runs_dir "$RUNS/compare_tiny/model-80steps-paper-heldout" \
                              --results_dir "$RESULTS/heldout" ;;

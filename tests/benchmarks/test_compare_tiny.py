@@ -119,6 +119,23 @@ def test_the_paper_regime_sets_the_mini_batches_and_refuses_arms_with_their_own_
         compare.ARMS["hacpo-m2"].trainer_flags(preset, "paper")
     assert compare.reference_of(compare.ARMS["no-stepwise"], "paper") == "hacpo"
     assert compare.reference_of(compare.ARMS["no-stepwise"], "single-update") == "hacpo-m2"
+    # no-stepwise runs in the paper's regime with the regime's updates (HACPO's 4, where the stepwise bound moves),
+    # hacpo-m2 (whose point is its 2 updates) does not run there
+    assert compare.runs_in_regime(compare.ARMS["no-stepwise"], "paper")
+    assert not compare.runs_in_regime(compare.ARMS["hacpo-m2"], "paper")
+    arm = compare.ARMS["no-stepwise"]
+    cfg = MainJobConfig(preset=preset, algorithm=arm.algorithm, regime="paper", output=tmp_path / "ns",
+                        n_samples_per_prompt=arm.group_size(preset), extra_args=tuple(arm.trainer_flags(preset,
+                                                                                                         "paper")))
+    train = build_config(trainer_argv(cfg, {"llamaS": tmp_path / "l", "qwenM": tmp_path / "q"},
+                                      {"train": tmp_path / "t.jsonl", "eval": tmp_path / "e.jsonl"}))
+    assert train.updates_per_step == 4 and train.algo.loss.stepwise is False
+    single = build_config(trainer_argv(
+        MainJobConfig(preset=preset, algorithm=arm.algorithm, output=tmp_path / "ns1",
+                      n_samples_per_prompt=arm.group_size(preset), extra_args=tuple(arm.trainer_flags(preset))),
+        {"llamaS": tmp_path / "l", "qwenM": tmp_path / "q"},
+        {"train": tmp_path / "t.jsonl", "eval": tmp_path / "e.jsonl"}))
+    assert single.updates_per_step == 2
 
 
 def test_runs_of_different_commits_are_refused_unless_marked():
