@@ -100,6 +100,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "benchmarks") not in sys.path:  # imported from a file path (tests), not run as a script
     sys.path.insert(0, str(REPO / "benchmarks"))
 from results_io import ResultWriter  # noqa: E402
+import mismatch_curves  # noqa: E402
 import window_probe  # noqa: E402
 RESULTS_DIR = REPO / "benchmarks" / "results"
 COMMANDS_FILE = "commands.txt"
@@ -533,6 +534,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         lines += ["", "The trainer's fractions of foreign rows below / inside / above the window at every step, with "
                   "A > 0 and A < 0 apart (mean over seeds), are plotted in the report's `_window.png`."]
 
+    lines += mismatch_curves.mismatch_lines(report.get("mismatch_curves") or {}, {n: a.label for n, a in ARMS.items()})
+
     lines += ["", "## Throughput (mean seconds per step; the agents of a run work concurrently)", "",
               "| arm | agent | step s | generate s | log-prob s | update s | samples trained / s | tokens generated / s |",
               "|---|---|---|---|---|---|---|---|"]
@@ -556,7 +559,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
 
 
 def render_plot(report: Mapping[str, Any]) -> bytes:
-    """Mean greedy test accuracy (± std band) against the rollouts each agent generated, one panel per agent."""
+    """Mean greedy test accuracy (± std band) against the rollouts each agent generated, one panel per agent: the main
+    arms, or every arm of a report without them (``--arms mismatch``)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -564,10 +568,11 @@ def render_plot(report: Mapping[str, Any]) -> bytes:
 
     res = report["arms"]
     agents = report["meta"]["agents"]
+    shown = [name for name in res if ARMS[name].kind == "main"] or list(res)
     fig, axes = plt.subplots(1, len(agents), figsize=(5.2 * len(agents), 4.0), dpi=120, squeeze=False)
     for ax, agent in zip(axes[0], agents):
         for name, r in res.items():
-            if ARMS[name].kind != "main":
+            if name not in shown:
                 continue
             e = r["agents"][agent]
             xs = [st * e["rollouts_per_step"] for st, _, _ in e["curve"]]
@@ -745,6 +750,9 @@ def build_report(root: Path, preset, steps: int, command: str, lanes: int,
         "goals": goal_checks(arms),
         "ratio_probe": ratio_probes(root, preset, found, folders),
         "window_curves": window_curves(root, found, list(preset.agent_names)),
+        "mismatch_curves": {name: mismatch_curves.mismatch_over_training(
+            [run_dir(root, ARMS[name], s) for s in found[name]], list(preset.agent_names))
+            for name in arms if ARMS[name].kind == "mismatch"},
         "paired": {f"{a} - {b}": paired_differences(arms[a], arms[b])
                    for a, b in [*MAIN_COMPARISONS, *((n, reference_of(ARMS[n], regime)) for n in ARMS)]
                    if a in arms and b in arms},
@@ -940,6 +948,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 files["_window.png"] = window_probe.render_window_plot(
                     report["window_curves"], f"preset {preset.name}, regime {args.regime}: foreign rows against the "
                     "window (green A > 0, red A < 0; solid inside, dotted below, dashed above)")
+            if report.get("mismatch_curves"):
+                files["_mismatch.png"] = mismatch_curves.render_mismatch_plot(
+                    report["mismatch_curves"], {n: a.label for n, a in ARMS.items()},
+                    f"preset {preset.name}, regime {args.regime}: training-inference mismatch of own rows "
+                    "(mean ± std over seeds)")
             path = out.commit(files)[1]
             _log(f"report: {path}")
     if markdown is not None:
