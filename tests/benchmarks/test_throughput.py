@@ -311,6 +311,12 @@ def test_commands_of_every_configuration(tmp_path):
         assert cfg.train_batch_size == rows and cfg.rollout_backend == "hf", arm
     with pytest.raises(ValueError, match="tiny presets"):
         smol.command(setups.ARMS["hacpo"], seed=0, steps=4, output=tmp_path / "x", eval_steps=10)
+    smol.models = {"smollm2": str(tmp_path / "s")}  # one agent: GSPO runs, an arm that shares rollouts is refused
+    one = build_config(smol.command(setups.ARMS["gspo"], seed=0, steps=4, output=tmp_path / "one",
+                                    eval_steps=None)[3:])
+    assert one.agent_names == ["smollm2"] and one.train_batch_size == 8
+    with pytest.raises(ValueError, match="hacpo needs two or more agents"):
+        smol.command(setups.ARMS["hacpo"], seed=0, steps=4, output=tmp_path / "x", eval_steps=None)
 
     with pytest.raises(ValueError, match="two or more"):
         setups.make_setup("gpu", models={"a": "/x"})
