@@ -99,7 +99,7 @@ from openrlhf_hacpo.zoo.reports import (
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "benchmarks") not in sys.path:  # imported from a file path (tests), not run as a script
     sys.path.insert(0, str(REPO / "benchmarks"))
-from results_io import ResultWriter  # noqa: E402
+from results_io import ResultWriter, figure_png, pyplot  # noqa: E402
 import mismatch_curves  # noqa: E402
 import window_probe  # noqa: E402
 RESULTS_DIR = REPO / "benchmarks" / "results"
@@ -561,10 +561,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
 def render_plot(report: Mapping[str, Any]) -> bytes:
     """Mean greedy test accuracy (± std band) against the rollouts each agent generated, one panel per agent: the main
     arms, or every arm of a report without them (``--arms mismatch``)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     res = report["arms"]
     agents = report["meta"]["agents"]
@@ -589,12 +586,8 @@ def render_plot(report: Mapping[str, Any]) -> bytes:
         ax.legend(loc="best", fontsize=8)
     agents_note = ("" if report["meta"].get("agent_fingerprints") else
                    "\nprevious agents, built on first use before the agents shipped (not the shipped ones)")
-    fig.suptitle(f"preset {report['meta']['preset']}: accuracy against rollouts (mean ± std over seeds){agents_note}")
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig, f"preset {report['meta']['preset']}: accuracy against rollouts (mean ± std over seeds)"
+                           f"{agents_note}")
 
 
 def runs_in_regime(arm: Arm, regime: str) -> bool:

@@ -10,7 +10,6 @@ draws the mean |Δ| per token (log scale) and the correction's masked or truncat
 """
 from __future__ import annotations
 
-import io
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -99,10 +98,9 @@ def render_mismatch_plot(curves: Mapping[str, Mapping[str, Mapping[str, Any]]], 
                          title: str) -> bytes:
     """Two rows of panels, one column per agent: the own rows' mean |Δ| per token (log scale, mean ± std over seeds)
     and the correction's truncated or masked share of own units, against the step, one line per arm."""
-    import matplotlib
+    from results_io import figure_png, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     agents = sorted({a for per_agent in curves.values() for a in per_agent})
     fig, axes = plt.subplots(2, len(agents), figsize=(5.4 * len(agents), 7.0), dpi=110, squeeze=False)
@@ -133,9 +131,4 @@ def render_mismatch_plot(curves: Mapping[str, Mapping[str, Mapping[str, Any]]], 
         bottom.grid(alpha=0.3)
         if bottom.get_legend_handles_labels()[0]:
             bottom.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig, title, fontsize=10)

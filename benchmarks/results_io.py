@@ -31,6 +31,31 @@ Content = Union[str, bytes, Mapping[str, Any], Sequence[Any]]
 """A result file's content: text, bytes, or an object written as strict JSON (no NaN)."""
 
 
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend (figures are written to files, never shown)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def figure_png(fig, title: str | None = None, fontsize: float | None = None) -> bytes:
+    """A matplotlib figure as PNG bytes, with its title (``suptitle``) laid out tight; the figure is closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    if title is not None:
+        fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
 def device_name(device: str) -> str:
     """The GPU's name, or the CPU's with the torch thread count."""
     import torch

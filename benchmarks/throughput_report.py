@@ -5,7 +5,6 @@ figures a newer trainer logs (``perf/*``, new ``time/*`` phases) get their colum
 """
 from __future__ import annotations
 
-import io
 from typing import Any, Mapping, Sequence
 
 from throughput_stats import ARM_RATIO_FIELDS
@@ -142,23 +141,12 @@ def format_accuracy(payload: Mapping[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _png(fig) -> bytes:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
-
-
 def plot_report(payload: Mapping[str, Any]) -> bytes:
     """PNG: (left) each arm's median phase seconds stacked, with the step median and its interquartile range;
     (right) step seconds, rollouts/s and trained tokens/s as ratios to GSPO."""
-    import matplotlib
+    from results_io import figure_png, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     arms = payload["arms"]
     names = list(arms)
@@ -188,15 +176,14 @@ def plot_report(payload: Mapping[str, Any]) -> bytes:
     ax2.set_ylabel("ratio to GSPO")
     ax2.set_title("ratios to GSPO")
     ax2.legend(fontsize=7)
-    return _png(fig)
+    return figure_png(fig)
 
 
 def plot_accuracy(payload: Mapping[str, Any]) -> bytes:
     """PNG: each agent's evaluation accuracy against training seconds, one line per arm, the target dashed."""
-    import matplotlib
+    from results_io import figure_png, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     agents = list(payload["targets"])
     fig, axes = plt.subplots(1, len(agents), figsize=(5.2 * len(agents), 3.8), dpi=110, squeeze=False)
@@ -210,4 +197,4 @@ def plot_accuracy(payload: Mapping[str, Any]) -> bytes:
         ax.set_title(agent)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    return _png(fig)
+    return figure_png(fig)

@@ -26,7 +26,6 @@ sharing runs), and :func:`window_over_training` / :func:`render_window_plot` for
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import statistics
@@ -210,10 +209,9 @@ def window_over_training(run_dirs: Sequence[Path], agents: Sequence[str]) -> dic
 
 def render_window_plot(curves: Mapping[str, Mapping[str, list[list[float]]]], title: str) -> bytes:
     """One panel per arm and learner: the fractions of :func:`window_over_training` against the step."""
-    import matplotlib
+    from results_io import figure_png, pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     arms = list(curves)
     agents = sorted({a for c in curves.values() for a in c})
@@ -237,12 +235,7 @@ def render_window_plot(curves: Mapping[str, Mapping[str, list[list[float]]]], ti
             ax.grid(alpha=0.3)
             if i == 0 and j == 0:
                 ax.legend(fontsize=7, ncol=2)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig, title, fontsize=10)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
