@@ -3,13 +3,15 @@ agents): the engines' log-probs reach every learner's loss, own rows per token a
 
 Step 1 trains on rollouts of the engines' initial weights, equal to the policies' in fp32, so every weight is 1 up to
 float rounding and no unit leaves the mask band. The sync after step 1 then withholds one tensor of llama's engine
-(the engine keeps its old value, as in tests/trainer/test_mismatch_alarm.py; the alarm is off here), so step 2's
+(the engine keeps its old value, tests/trainer/broken_sync.py; the alarm is off here), so step 2's
 llama rollouts come from other weights than the trainer's: llama's own tokens and, in qwen's batch, llama's rows as
 foreign rows carry weights far from 1 and the band masks some of them, while qwen's own rows, synced correctly, stay
 at 1. Ray: the cluster of tests/trainer/conftest.py."""
 from __future__ import annotations
 
 import pytest
+
+from broken_sync import engines_keep_their_weights
 
 from openrlhf_hacpo.utils.jsonl import read_records
 
@@ -22,33 +24,9 @@ BAND = 2e-5  # mask outside [1 - BAND, 1 + BAND]: above fp32 rounding (max |d| p
 
 def test_the_correction_sees_a_broken_sync_and_nothing_else(ray_cluster, tmp_path, tiny_agents, base_args,
                                                             monkeypatch):
-    import ray
-
-    from openrlhf_hacpo.actors.agent_group import AgentGroup
     from openrlhf_hacpo.cli.train_hacpo import run
 
-    def keep(engine_actor, name):
-        """Inside the engine actor: a copy of the model's tensor ``name``."""
-        return engine_actor.engine.model.state_dict()[name].detach().clone()
-
-    def restore(engine_actor, name, value):
-        """Inside the engine actor: put ``value`` back into the model's tensor ``name`` (the sync withheld it)."""
-        import torch
-
-        with torch.no_grad():
-            engine_actor.engine.model.state_dict()[name].copy_(value)
-
-    real_sync = AgentGroup.sync_weights
-
-    def llama_sync_withholds(group):
-        if group.name != "llama" or not group.engines:
-            return real_sync(group)
-        kept = [ray.get(e.__ray_call__.remote(keep, WITHHELD)) for e in group.engines]
-        seconds = real_sync(group)
-        ray.get([e.__ray_call__.remote(restore, WITHHELD, v) for e, v in zip(group.engines, kept)])
-        return seconds
-
-    monkeypatch.setattr(AgentGroup, "sync_weights", llama_sync_withholds)
+    engines_keep_their_weights(monkeypatch, [WITHHELD], agent="llama")
     out = tmp_path / "run"
     run(base_args(out, "--agent", f"name=llama,pretrain={tiny_agents['llama']}",
                   "--agent", f"name=qwen,pretrain={tiny_agents['qwen']}", "--algorithm", "hacpo",
