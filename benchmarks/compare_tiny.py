@@ -132,6 +132,8 @@ class Arm:
     extra: tuple[str, ...] = ()
     reference: str | None = None
     """For an ablation or lever: the arm it is compared with, paired by seed."""
+    also_against: str | None = None
+    """A second arm it is compared with, paired by seed (a correction: the bf16 engines without it)."""
     updates_are_the_point: bool = True
     """Whether ``updates_per_step`` is what the arm measures (``hacpo-m2``): such an arm runs in the single-update
     regime only. ``False`` (``no-stepwise``): the updates only give the ablated rule something to act on, and a
@@ -207,7 +209,7 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("engines-bf16", "HACPO, hf_engine, bf16 engines", "hacpo", kind="mismatch", reference="engines-fp32",
         extra=("--rollout_backend", "hf_engine", "--engine_dtype", "bfloat16")),
     *(Arm(f"bf16-is-{level[:3]}-{mode}", f"HACPO, bf16 engines, --rollout_is {level} {mode}", "hacpo",
-          kind="mismatch", reference="engines-fp32",
+          kind="mismatch", reference="engines-fp32", also_against="engines-bf16",
           extra=("--rollout_backend", "hf_engine", "--engine_dtype", "bfloat16", "--rollout_is",
                  "--rollout_is_level", level, "--rollout_is_mode", mode))
       for level in ("sequence", "token") for mode in ("truncate", "mask")),
@@ -215,12 +217,12 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
 MAIN_COMPARISONS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive-paper"), ("hacpo", "naive-gated"))
 """(arm, baseline) pairs of the headline comparison."""
 PRIMARY_COMPARISONS = (("hacpo", "gspo2x"), ("hacpo", "naive-paper"), ("hacpo", "naive-gated"))
+"""The pre-registered primary comparisons: for every agent, HACPO − each of these; Holm's correction runs over all
+of them (agents × comparisons)."""
 PAPER_ORDERINGS = (("hacpo", "gspo"), ("hacpo", "gspo2x"), ("hacpo", "naive-paper"), ("hacpo", "naive-gated"),
                    ("gspo", "naive-paper"), ("gspo", "naive-gated"))
 """The paper's orderings, each "first above second" for every agent (Tables 1 and 7: HACPO above GSPO, GSPO ×2 and
 Naive; Naive below single-agent GSPO), judged on the 95% interval of the paired differences."""
-"""The pre-registered primary comparisons: for every agent, HACPO − each of these; Holm's correction runs over all
-of them (agents × comparisons)."""
 GROUPS = {"main": [a for a in ARMS if ARMS[a].kind == "main"],
           "ablations": [a for a in ARMS if ARMS[a].kind == "ablation"],
           "levers": [a for a in ARMS if ARMS[a].kind == "lever"],
@@ -672,6 +674,7 @@ def evidence_report(arms: Mapping[str, Any], found: Mapping[str, Mapping[int, An
     pairs += [p for p in PAPER_ORDERINGS if p not in pairs and p[0] in found and p[1] in found]
     pairs += [(n, reference_of(ARMS[n], regime)) for n in found
               if reference_of(ARMS[n], regime) in found and ARMS[n].kind in ("ablation", "mismatch")]
+    pairs += [(n, ARMS[n].also_against) for n in found if ARMS[n].also_against in found]
     comparisons: dict[str, dict[str, Any]] = {}
     for a, b in pairs:
         key = f"{a} - {b}"

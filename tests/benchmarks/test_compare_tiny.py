@@ -59,7 +59,7 @@ def test_comparison_arms_build_valid_trainer_commands(tmp_path):
     assert cmd[cmd.index("--") + 1:] == ["--train_batch_size", "128", "--micro_train_batch_size", "64"]
 
 
-def test_the_mismatch_arms_are_bf16_engines_with_each_correction_against_fp32_engines(tmp_path):
+def test_the_mismatch_arms_are_bf16_engines_with_each_correction_against_fp32_and_bf16_engines(tmp_path):
     from openrlhf_hacpo.cli.train_hacpo import build_config
     from openrlhf_hacpo.zoo import get_preset
 
@@ -75,14 +75,15 @@ def test_the_mismatch_arms_are_bf16_engines_with_each_correction_against_fp32_en
                                           {"train": tmp_path / "t.jsonl", "eval": tmp_path / "e.jsonl"}))
         loss = train.algo.loss
         seen[name] = (train.rollout_backend, [a.resolved_engine_dtype for a in train.resolved_agents()],
-                      loss.rollout_is and (loss.rollout_is_level, loss.rollout_is_mode), arm.reference)
-    fp32, bf16 = ["float32", "float32"], ["bfloat16", "bfloat16"]
-    assert seen == {"engines-fp32": ("hf_engine", fp32, False, None),
-                    "engines-bf16": ("hf_engine", bf16, False, "engines-fp32"),
-                    "bf16-is-seq-truncate": ("hf_engine", bf16, ("sequence", "truncate"), "engines-fp32"),
-                    "bf16-is-seq-mask": ("hf_engine", bf16, ("sequence", "mask"), "engines-fp32"),
-                    "bf16-is-tok-truncate": ("hf_engine", bf16, ("token", "truncate"), "engines-fp32"),
-                    "bf16-is-tok-mask": ("hf_engine", bf16, ("token", "mask"), "engines-fp32")}
+                      loss.rollout_is and (loss.rollout_is_level, loss.rollout_is_mode), arm.reference,
+                      arm.also_against)
+    fp32, bf16, both = ["float32", "float32"], ["bfloat16", "bfloat16"], ("engines-fp32", "engines-bf16")
+    assert seen == {"engines-fp32": ("hf_engine", fp32, False, None, None),
+                    "engines-bf16": ("hf_engine", bf16, False, "engines-fp32", None),
+                    "bf16-is-seq-truncate": ("hf_engine", bf16, ("sequence", "truncate"), *both),
+                    "bf16-is-seq-mask": ("hf_engine", bf16, ("sequence", "mask"), *both),
+                    "bf16-is-tok-truncate": ("hf_engine", bf16, ("token", "truncate"), *both),
+                    "bf16-is-tok-mask": ("hf_engine", bf16, ("token", "mask"), *both)}
 
 
 def test_imports_library_modules_only():
@@ -185,6 +186,22 @@ def test_evidence_report_pairs_by_seed_and_corrects_the_primary_family():
                                                                         min(1, gated)))
     assert ev["curves"]["naive-paper"]["a"]["below_start"] == 5 and ev["curves"]["hacpo"]["a"]["below_start"] == 0
     assert ev["curves"]["gspo2x"]["a"]["auc_mean"] == pytest.approx((0.3 + 0.4) / 2)
+
+
+def test_a_correction_is_paired_against_fp32_engines_and_against_bf16_engines_without_it():
+    compare = _compare_module()
+
+    def runs(finals):
+        return {seed: {"agents": {"a": {"acc_final": f, "acc_before": 0.3, "validation": [(0, 0.3), (10, f)]}}}
+                for seed, f in finals.items()}
+
+    found = {"engines-fp32": runs({0: 0.50, 1: 0.60}), "engines-bf16": runs({0: 0.40, 1: 0.55}),
+             "bf16-is-tok-mask": runs({0: 0.45, 1: 0.58})}
+    c = compare.evidence_report(_arms(found), found, ["a"], "paper")["comparisons"]
+    assert set(c) == {"engines-bf16 - engines-fp32", "bf16-is-tok-mask - engines-fp32",
+                      "bf16-is-tok-mask - engines-bf16"}
+    assert c["bf16-is-tok-mask - engines-fp32"]["a"]["diffs"] == pytest.approx([-0.05, -0.02])
+    assert c["bf16-is-tok-mask - engines-bf16"]["a"]["diffs"] == pytest.approx([0.05, 0.03])
 
 
 def test_the_paper_orderings_are_judged_on_the_interval():
