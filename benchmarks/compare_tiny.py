@@ -541,9 +541,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     lines += ["", "## Throughput (mean seconds per step; the agents of a run work concurrently)", "",
               "| arm | agent | step s | generate s | log-prob s | update s | samples trained / s | tokens generated / s |",
               "|---|---|---|---|---|---|---|---|"]
-    for name in ("hacpo", "gspo", "gspo2x", "naive-paper", "naive-gated"):
-        if name not in res:
-            continue
+    main = [n for n in ("hacpo", "gspo", "gspo2x", "naive-paper", "naive-gated") if n in res]
+    for name in main + [n for n in res if n not in main]:  # the main arms first, then every other arm reported
         for a in agents:
             e = res[name]["agents"][a]
             s = e["seconds"]
