@@ -5,17 +5,20 @@ command-line metadata (:func:`openrlhf_hacpo.utils.options.option`); :func:`add_
 to an argument parser, and :func:`field_values` reads the parsed namespace back into ``{field path: value}`` by the
 same walk, so the flags and the config never need a hand-written copy of each other.
 
-A field of a nested section (e.g. ``algo.loss.alpha``) overrides a preset: its flag defaults to "unset", and an unset
-flag leaves the preset's value; its help shows the dataclass default in brackets.
+A field of a plain section (:func:`~openrlhf_hacpo.utils.options.section`, e.g. ``rollout.top_p``) is an ordinary
+flag with the section's default. A field of another nested config (e.g. ``algo.loss.params.alpha``) overrides a
+preset: its flag defaults to "unset", and an unset flag leaves the preset's value; its help shows the config's default
+in brackets.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Iterable
+
+from openrlhf_hacpo.utils.options import option_fields
 
 __all__ = ["FieldFlag", "HelpFormatter", "field_flags", "add_flags", "field_values", "nest"]
 
@@ -25,17 +28,20 @@ UNSET = object()
 
 @dataclass(frozen=True)
 class FieldFlag:
-    """One config field and its flag: ``path`` from the root dataclass (``("algo", "loss", "alpha")``), the field,
-    its value type (``int``, ``float``, ``str``, ``bool`` or a ``tuple[...]`` annotation) and its help group."""
+    """One config setting and its flag: ``path`` from the root dataclass (``("algo", "loss", "params", "alpha")``),
+    the field, its value type (``int``, ``float``, ``str``, ``bool`` or a ``tuple[...]`` annotation), its help group,
+    its option metadata, its default and whether it overrides a preset
+    (:class:`~openrlhf_hacpo.utils.options.OptionField`)."""
 
     path: tuple[str, ...]
     field: dataclasses.Field
     kind: Any
     group: str
-
-    @property
-    def meta(self) -> typing.Mapping[str, Any]:
-        return self.field.metadata
+    meta: typing.Mapping[str, Any] = dataclasses.field(compare=False)
+    default: Any = dataclasses.field(compare=False)
+    overrides_preset: bool
+    """A field of a nested config that is not a plain section (``algo``): the flag is unset unless given, and then
+    leaves the preset's value."""
 
     @property
     def flag(self) -> str:
@@ -44,16 +50,6 @@ class FieldFlag:
     @property
     def dest(self) -> str:
         return self.flag[2:]
-
-    @property
-    def overrides_preset(self) -> bool:
-        """A field of a nested section: the flag is unset unless given, and then leaves the preset's value."""
-        return len(self.path) > 1
-
-    @property
-    def default(self) -> Any:
-        f = self.field
-        return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
     def value(self, args: argparse.Namespace) -> Any:
         """The field's value from the parsed flags; :data:`UNSET` for an unset flag of a preset section."""
@@ -84,29 +80,18 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def _value_type(hint: Any) -> Any:
-    """``int | None`` -> ``int``; other annotations unchanged."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return args[0] if len(args) == 1 else hint
-    return hint
-
-
-def field_flags(cls: type, group: str | None = None, path: tuple[str, ...] = ()) -> list[FieldFlag]:
-    """Every field of ``cls`` (and of the dataclasses nested in it) that has a flag, in declaration order; a nested
-    section's fields go to the help group of the field holding the section."""
-    hints = typing.get_type_hints(cls)
+def field_flags(cls: type) -> list[FieldFlag]:
+    """Every setting of ``cls`` (and of the dataclasses nested in it) that has a flag, in declaration order
+    (:func:`~openrlhf_hacpo.utils.options.option_fields`); a nested section's fields go to the help group of the
+    field holding the section unless they name their own."""
     out = []
-    for f in dataclasses.fields(cls):
-        kind = _value_type(hints[f.name])
-        field_group = f.metadata.get("group", group)
-        if dataclasses.is_dataclass(kind):
-            out += field_flags(kind, field_group, path + (f.name,))
-        elif "help" in f.metadata:
-            if kind is bool and f.default is True and "flag" not in f.metadata:
-                raise TypeError(f"{cls.__name__}.{f.name}: a bool field defaulting to True needs the name of the "
-                                "switch that sets it False (option(flag='--no_...'))")
-            out.append(FieldFlag(path + (f.name,), f, kind, field_group))
+    for of in option_fields(cls):
+        if "help" not in of.meta:
+            continue
+        if of.kind is bool and of.default is True and "flag" not in of.meta:
+            raise TypeError(f"{of.owner}.{of.field.name}: a bool field defaulting to True needs the name of the "
+                            "switch that sets it False (option(flag='--no_...'))")
+        out.append(FieldFlag(of.path, of.field, of.kind, of.group, of.meta, of.default, of.in_preset))
     return out
 
 

@@ -10,10 +10,16 @@
   is given); ``tuple[float, float]`` takes that many values.
 * :func:`check_fields`, the one walk that validates a config object: each field's value against its annotation
   (type), ``choices`` and range (``ge`` / ``gt`` / ``le`` / ``lt``, with ``also`` for values allowed outside it);
-  :func:`check_only_for` refuses fields an algorithm does not use. Their errors name the flag and the field,
-  ``--top_p (TrainConfig.top_p) must be <= 1, got 1.5``; a field without a flag is named by its path
-  (``agents[1] ('qwen').zero_stage must be one of [0, 1, 2, 3], got 4``). ``PolicyLossConfig`` does not use this
-  walk: its kernel parameters follow ``hacpo_kernels.hacpo_loss.check_loss_params``.
+  :func:`check_only_for` refuses fields an algorithm does not use. Their errors name the flag and the field by its
+  path, ``--top_p (TrainConfig.rollout.top_p) must be <= 1, got 1.5``; a field without a flag is named by its path
+  alone (``agents[1] ('qwen').zero_stage must be one of [0, 1, 2, 3], got 4``). ``PolicyLossConfig`` does not use
+  this walk: its kernel parameters follow ``hacpo_kernels.hacpo_loss.check_loss_params``.
+
+A config is a tree of dataclasses. :func:`section` marks a field that holds a plain part of its config (e.g.
+``TrainConfig.rollout``): its fields are the config's own settings, named by their path. Any other nested dataclass
+is a config of its own whose fields override a preset (``TrainConfig.algo``). A class that cannot carry option
+metadata (the loss kernel's ``LossParams``) gets it from the field that holds it (``option_fields`` of
+:func:`nested`). :func:`option_fields` is the one walk over that tree that the flags and :func:`check_only_for` read.
 
 :func:`split_passthrough` cuts a command line at ``--``, for commands that pass the rest on (e.g. to the trainer).
 """
@@ -24,9 +30,11 @@ import functools
 import math
 import types
 import typing
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-__all__ = ["option", "check_fields", "check_only_for", "field_label", "split_passthrough"]
+__all__ = ["option", "section", "nested", "OptionField", "option_fields", "check_fields", "check_only_for",
+           "field_label", "option_label", "split_passthrough"]
 
 _RANGE_KEYS = ("ge", "gt", "le", "lt")
 _RANGE_WORDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
@@ -68,11 +76,100 @@ def option(default: Any = dataclasses.MISSING, *, help: str | None = None, flag:
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
+def section(cls: type, *, group: str | None = None) -> Any:
+    """A field holding a plain section of its config (a dataclass built by default): the section's fields are the
+    config's own settings, flags included (their defaults are the section's, not a preset's), named by their path
+    (``TrainConfig.rollout.top_p``); ``group`` is the help section of its flags unless a field names its own."""
+    metadata: dict[str, Any] = {"section": True}
+    if group is not None:
+        metadata["group"] = group
+    return dataclasses.field(default_factory=cls, metadata=metadata)
+
+
+def nested(default_factory: Callable[[], Any], option_fields: typing.Mapping[str, dataclasses.Field]) -> Any:
+    """A field holding a dataclass that cannot carry option metadata itself (a class of another package, e.g. the
+    loss kernel's ``LossParams``): ``option_fields`` maps some of its field names to an :func:`option` (only the
+    metadata is read: flag, help, ``only_for``, ...); its other fields have no flag. The held fields are named by
+    their path (``PolicyLossConfig.params.delta``)."""
+    fields = {name: f.metadata for name, f in option_fields.items()}
+    return dataclasses.field(default_factory=default_factory, metadata={"fields": fields})
+
+
 def field_label(field: dataclasses.Field, owner: str) -> str:
     """How an error names a field: ``--flag (Owner.field)`` when it has a flag, else ``owner.field``."""
-    if "help" not in field.metadata:
-        return f"{owner}.{field.name}"
-    return f"{field.metadata.get('flag') or '--' + field.name} ({owner}.{field.name})"
+    return option_label(field.metadata, field.name, owner)
+
+
+def option_label(meta: typing.Mapping[str, Any], name: str, owner: str) -> str:
+    """:func:`field_label` of a field named ``name`` whose option metadata is ``meta``."""
+    if "help" not in meta:
+        return f"{owner}.{name}"
+    return f"{meta.get('flag') or '--' + name} ({owner}.{name})"
+
+
+@dataclass(frozen=True)
+class OptionField:
+    """One setting of a config tree (:func:`option_fields`): a field that does not hold a dataclass.
+
+    ``path`` from the root (``("algo", "loss", "params", "delta")``), the ``field``, its value type ``kind`` (the
+    annotation without ``| None``), its option ``meta``, its ``default`` in the default of the section holding it,
+    its ``owner`` as errors name it (``TrainConfig.rollout``, ``PolicyLossConfig.params``), its help ``group`` and
+    whether it overrides a preset (``in_preset``: it sits in a nested config that is not a plain :func:`section`)."""
+
+    path: tuple[str, ...]
+    field: dataclasses.Field
+    kind: Any
+    meta: typing.Mapping[str, Any] = dataclasses.field(compare=False)
+    default: Any = dataclasses.field(compare=False)
+    owner: str
+    group: str | None
+    in_preset: bool
+
+    @property
+    def label(self) -> str:
+        """``--flag (Owner.field)``, or ``Owner.field`` without a flag."""
+        return option_label(self.meta, self.field.name, self.owner)
+
+    def value(self, root: Any) -> Any:
+        """The setting's value in ``root`` (an instance of the walked class)."""
+        for name in self.path:
+            root = getattr(root, name)
+        return root
+
+
+@functools.lru_cache(maxsize=None)
+def option_fields(cls: type) -> tuple[OptionField, ...]:
+    """Every setting of the config class ``cls`` and of the dataclasses nested in it, in declaration order."""
+    return tuple(_option_fields(cls, cls.__name__, (), None, False, dataclasses.MISSING, None))
+
+
+def _option_fields(cls: type, owner: str, path: tuple[str, ...], group: str | None, in_preset: bool, defaults: Any,
+                   metas: typing.Mapping[str, typing.Mapping[str, Any]] | None) -> Iterator[OptionField]:
+    """A field whose default is a dataclass instance holds a nested config (walked, its defaults read from that
+    instance); the others are settings, whose value type the class's annotations give (read only then, so a class
+    holding only nested configs may name classes its module cannot resolve)."""
+    hints = None
+    for f in dataclasses.fields(cls):
+        meta = f.metadata if metas is None else metas.get(f.name, {})
+        default = _default(f) if defaults is dataclasses.MISSING else getattr(defaults, f.name)
+        field_group = meta.get("group", group)
+        if dataclasses.is_dataclass(default) and not isinstance(default, type):
+            plain = bool(meta.get("section"))
+            inner = f"{owner}.{f.name}" if plain or "fields" in meta else type(default).__name__
+            yield from _option_fields(type(default), inner, path + (f.name,), field_group, in_preset or not plain,
+                                      default, meta.get("fields"))
+        else:
+            hints = typing.get_type_hints(cls) if hints is None else hints
+            yield OptionField(path + (f.name,), f, _value_type(hints[f.name]), meta, default, owner, field_group,
+                              in_preset)
+
+
+def _value_type(hint: Any) -> Any:
+    """``int | None`` -> ``int``; other annotations unchanged."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return args[0] if len(args) == 1 else hint
+    return hint
 
 
 def _fail(label: str, rule: str, value: Any) -> None:
@@ -159,34 +256,29 @@ def _tuple_rule(items: tuple, meta: typing.Mapping[str, Any]) -> str:
     return f"{len(items)} {kind}" + (f", each {bounds}" if bounds else "")
 
 
-def _only_for_fields(obj: Any, owner: str) -> Iterator[tuple[dataclasses.Field, str, Any]]:
-    """``(field, owner, value)`` of every field marked ``only_for`` in ``obj`` and the dataclasses nested in it."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value) and not isinstance(value, type):
-            yield from _only_for_fields(value, type(value).__name__)
-        elif "only_for" in f.metadata:
-            yield f, owner, value
-
-
 def _default(f: dataclasses.Field) -> Any:
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    """The field's default (``MISSING`` for a required field)."""
+    if f.default is not dataclasses.MISSING or f.default_factory is dataclasses.MISSING:
+        return f.default
+    return f.default_factory()
 
 
 def check_only_for(obj: Any, refusal: Callable[[str], str | None], algorithm: str) -> None:
     """Refuse the fields marked ``option(only_for=...)`` (in ``obj`` and its nested dataclasses) that are set to a
     value other than their default while ``refusal(only_for)`` gives a reason the algorithm does not use them.
 
-    ``ValueError``: ``--alpha (PolicyLossConfig.alpha) is set to 2.0, but algorithm 'gspo' does not use it: <reason>``.
+    ``ValueError``: ``--alpha (PolicyLossConfig.params.alpha) is set to 2.0, but algorithm 'gspo' does not use it:
+    <reason>``.
     """
-    owner = type(obj).__name__
-    for f, field_owner, value in _only_for_fields(obj, owner):
-        if value == _default(f):
+    for of in option_fields(type(obj)):
+        if "only_for" not in of.meta:
             continue
-        why = refusal(f.metadata["only_for"])
+        value = of.value(obj)
+        if value == of.default:
+            continue
+        why = refusal(of.meta["only_for"])
         if why:
-            raise ValueError(f"{field_label(f, field_owner)} is set to {value!r}, but algorithm {algorithm!r} does "
-                             f"not use it: {why}")
+            raise ValueError(f"{of.label} is set to {value!r}, but algorithm {algorithm!r} does not use it: {why}")
 
 
 def split_passthrough(argv: typing.Iterable[str]) -> tuple[list[str], list[str]]:
