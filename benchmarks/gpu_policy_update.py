@@ -69,7 +69,7 @@ def run(backend: str, args, device: torch.device, dtype: torch.dtype) -> dict:
         old = response_logprobs(model, padded, 1.0, path="fused", backend=backend).logp.float()
         old_mean = (old * mask).sum(1) / mask.sum(1) + 0.05 * torch.randn(args.rows, device=device)
         ref = response_logprobs(reference, padded, 1.0, path="fused", backend=backend).logp.float()
-    cfg = PolicyLossConfig(kl_coef=0.001)
+    cfg = PolicyLossConfig.of(kl_coef=0.001)
     loss_fn = get_policy_loss("hacpo")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
     losses, times, skipped = [], [], []

@@ -558,7 +558,7 @@ class TrainConfig:
         """``--rollout_is`` weighs each unit by the trainer's old over the sampling engine's probability
         (docs/training.md, "Training-inference corrections"): it needs the engines' log-probs of the sampled tokens,
         which engine actors return at temperature 1 only."""
-        if not self.algo.loss.rollout_is:
+        if not self.algo.loss.params.rollout_is:
             return
         if self.rollout_backend not in ENGINE_BACKENDS:
             raise ValueError(f"--rollout_is needs the sampling engines' log-probs of the tokens they sampled, which "
@@ -610,7 +610,7 @@ class TrainConfig:
         """Whether the engines return their log-probs of the sampled tokens and the rollout attaches them to the
         trajectories (``Trajectory.behaviour_logp``): for ``--own_old_logp behaviour`` (as resolved) or a
         training-inference correction (``--rollout_is``). ``AgentGroup`` asks this before every engine rollout."""
-        return self.resolved_own_old_logp == "behaviour" or self.algo.loss.rollout_is
+        return self.resolved_own_old_logp == "behaviour" or self.algo.loss.params.rollout_is
 
     @property
     def trains_on_foreign(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -219,16 +220,16 @@ def test_a_bound_of_zero_is_kept_in_the_metadata():
 # --------------------------------------------------------------------------------------------- only_for
 @pytest.mark.parametrize("algo, message", [
     ({"algorithm": "gspo", "loss": {"delta": 0.3}},
-     "--cross_clip_delta (PolicyLossConfig.delta) is set to 0.3, but algorithm 'gspo' does not use it: it trains "
+     "--cross_clip_delta (PolicyLossConfig.params.delta) is set to 0.3, but algorithm 'gspo' does not use it: it trains "
      "each agent on its own rollouts only"),
     ({"algorithm": "grpo", "advantage": {"capability_weighting": False}},
      "--no_capability_advantage (AdvantageConfig.capability_weighting) is set to False, but algorithm 'grpo' does not "
      "use it: it trains each agent on its own rollouts only"),
     ({"algorithm": "naive", "loss": {"alpha": 3.0}},
-     "--alpha (PolicyLossConfig.alpha) is set to 3.0, but algorithm 'naive' does not use it: naive applies the self "
+     "--alpha (PolicyLossConfig.params.alpha) is set to 3.0, but algorithm 'naive' does not use it: naive applies the self "
      "clip to every row"),
     ({"algorithm": "naive", "loss": {"cross_clip_mode": "pessimistic"}},
-     "--cross_clip_mode (PolicyLossConfig.cross_clip_mode) is set to 'pessimistic', but algorithm 'naive' does not "
+     "--cross_clip_mode (PolicyLossConfig.params.cross_clip_mode) is set to 'pessimistic', but algorithm 'naive' does not "
      "use it: naive applies the self clip to every row"),
 ])
 def test_a_dict_config_with_an_algorithm_only_field_is_refused(algo, message):
@@ -255,16 +256,16 @@ ONLY_FOR_FLAGS = [ff for ff in field_flags(TrainConfig) if "only_for" in ff.meta
 
 @pytest.mark.parametrize("ff", ONLY_FOR_FLAGS, ids=lambda ff: ff.flag)
 def test_every_algorithm_only_field_is_refused_where_unused_and_kept_where_used(ff):
-    section, name = ff.path[1], ff.path[2]
+    section, name = ff.path[1], ff.path[-1]
     value = _other_value(ff)
     users = {"hacpo": ["hacpo"], "shared_rollouts": ["hacpo", "naive"]}[ff.meta["only_for"]]
     for algorithm in ("hacpo", "naive", "gspo", "grpo"):
         data = {**make(**({"train_batch_size": 4} if algorithm in ("gspo", "grpo") else {})).to_dict(),
                 "algo": {"algorithm": algorithm, section: {name: value}}}
         if algorithm in users:
-            assert getattr(getattr(TrainConfig.from_dict(data).algo, section), name) == value
+            assert functools.reduce(getattr, ff.path, TrainConfig.from_dict(data)) == value
         else:
-            with pytest.raises(ValueError, match=rf"^{ff.flag} \(\w+\.{name}\) is set to .* but algorithm "
+            with pytest.raises(ValueError, match=rf"^{ff.flag} \([\w.]+\.{name}\) is set to .* but algorithm "
                                                  rf"'{algorithm}' does not use it"):
                 TrainConfig.from_dict(data)
 

@@ -29,7 +29,7 @@ def test_trainer_argv_parses_into_the_preset_hyperparameters(tmp_path):
                             extra_args=("--micro_train_batch_size", "32"))
         train = build_config(trainer_argv(cfg, paths, data))
         assert train.agent_names == ["llamaS", "qwenM"]
-        assert train.algo.algorithm == algorithm and train.algo.loss.kl_coef == 0
+        assert train.algo.algorithm == algorithm and train.algo.loss.params.kl_coef == 0
         assert train.rows_per_learner == rows and train.train_batch_size == rows and train.updates_per_step == 1
         assert train.micro_train_batch_size == 32                               # extra flags win
         assert (train.n_samples_per_prompt, train.rollout_batch_size, train.max_steps) == (8, 16, 80)

@@ -160,7 +160,7 @@ class UpdateLoop:
         empty = [i for i, r in enumerate(batch.rows) if not r.response_ids]
         if empty:
             raise ValueError(f"agent {self.agent.name!r}: learner row {empty[0]} has no response tokens")
-        if self.cfg.algo.loss.rollout_is and not batch.has_engine_logps:
+        if self.cfg.algo.loss.params.rollout_is and not batch.has_engine_logps:
             missing = [r for r in batch.rows if not math.isfinite(r.engine_logp_mean)]
             raise ValueError(f"agent {self.agent.name!r}: --rollout_is needs the sampling engines' log-probs of every "
                              f"row, {len(missing)} of {len(batch)} rows carry none (e.g. {missing[0].prompt_id!r} "

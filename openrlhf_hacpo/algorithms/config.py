@@ -6,9 +6,11 @@ itself in ``__post_init__`` and raises ``ValueError`` naming the offending field
 it has one). Each field's flag is declared with it (:func:`~openrlhf_hacpo.utils.options.option`). The values of
 :class:`CapabilityConfig` and :class:`AdvantageConfig` fields (type, choices, range) are declared there too and
 checked by :func:`~openrlhf_hacpo.utils.options.check_fields`, ``validate`` adding only the rules that tie several
-fields together. The 21 :class:`PolicyLossConfig` fields that are also kernel parameters follow the kernel's one set
-of rules instead (:func:`hacpo_kernels.hacpo_loss.check_loss_params`, the rules :class:`LossParams` applies), named
-by their flags; ``PolicyLossConfig.validate`` checks ``capability_coef`` itself.
+fields together. :class:`PolicyLossConfig` holds the loss kernel's parameter object itself (``params``, a
+:class:`LossParams`): its values follow the kernel's one set of rules
+(:func:`hacpo_kernels.hacpo_loss.check_loss_params`), named by their flags when the config is built from values
+(:func:`loss_params`); their flags are declared in :data:`LOSS_OPTIONS`, and ``PolicyLossConfig.validate`` checks
+``capability_coef`` itself.
 """
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from typing import Any, Mapping
 
 from hacpo_kernels.hacpo_loss import (
     CROSS_CLIP_MODES,
-    LOG_RATIO_CLIP_MODES,
     LOSS_AGGS as LOSS_AGGREGATIONS,
     RATIO_LEVELS,
     ROLLOUT_IS_LEVELS,
@@ -28,7 +29,7 @@ from hacpo_kernels.hacpo_loss import (
     cross_clip_lower_bound,
 )
 from openrlhf_hacpo.utils.checks import check_bool, check_choice, fail
-from openrlhf_hacpo.utils.options import check_fields, field_label, option
+from openrlhf_hacpo.utils.options import check_fields, field_label, nested, option, option_label
 
 ALGORITHMS = ("hacpo", "gspo", "grpo", "naive")
 """Policy-loss families; each is also the name of a registered policy loss."""
@@ -54,7 +55,7 @@ ADVANTAGE_SCOPES = ("joint", "own")
 
 
 def _label(obj: Any, name: str) -> str:
-    """How an error names a field: ``--cross_clip_delta (PolicyLossConfig.delta)``
+    """How an error names a field: ``--no_capability_coef (PolicyLossConfig.capability_coef)``
     (:func:`~openrlhf_hacpo.utils.options.field_label`)."""
     return field_label(next(f for f in dataclasses.fields(obj) if f.name == name), type(obj).__name__)
 
@@ -150,112 +151,157 @@ class AdvantageConfig:
         return _from_dict(cls, data)
 
 
+LOSS_OPTIONS: dict[str, dataclasses.Field] = {
+    "eps_low": option(flag="--eps_clip_low", help="own-rollout clip: ratio in [1-low, 1+high] (GSPO 3e-4 / 4e-4; "
+                      "grpo 0.2 / 0.28)"),
+    "eps_high": option(flag="--eps_clip_high", help="upper end of the own-rollout clip"),
+    "delta": option(flag="--cross_clip_delta", only_for="hacpo", help="δ: foreign ratios are clipped to [1-δ, 1] "
+                    "(eq. 13)"),
+    "delta_step": option(flag="--cross_clip_step", only_for="hacpo",
+                         help="δ_step: the lower bound rises by this per update m (eq. 14)"),
+    "stepwise": option(flag="--no_stepwise", only_for="hacpo", help="fixed foreign lower bound 1-δ"),
+    "cross_clip": option(flag="--no_cross_clip", only_for="hacpo", help="no clamp on foreign ratios"),
+    "cross_clip_high": option(only_for="hacpo", help="upper end of the foreign window [lo, high]; above 1 also trains "
+                              "on foreign rollouts the learner already finds likelier than their source did "
+                              "(extension, not in the paper)"),
+    "cross_clip_mode": option(choices=CROSS_CLIP_MODES, only_for="hacpo",
+                              help="clamp: foreign rows outside the window get no gradient (paper); pessimistic: "
+                              "PPO's min(s·A, clip(s)·A), so foreign successes below the window and failures above "
+                              "it keep theirs (extension, not in the paper)"),
+    "cross_clip_dual": option(only_for="hacpo", help="pessimistic mode: foreign failures with ratio above this get no "
+                              "gradient (dual clip)"),
+    "alpha": option(only_for="hacpo", help="exponential importance-sampling exponent α (eq. 12)"),
+    "log_ratio_clip": option(help="clamp of the log importance ratio"),
+    "log_ratio_clip_mode": option(),
+    "kl_coef": option(flag="--init_kl_coef", help="low-variance KL to the initial policy on own rows; 0 disables the "
+                      "reference model"),
+    "ratio_level": option(choices=RATIO_LEVELS, help="sequence (GSPO) or token ratios (gspo / grpo only)"),
+    "loss_agg": option(choices=LOSS_AGGREGATIONS, help="how objectives are averaged"),
+    "dual_clip_c": option(help="grpo: dual clip c, negative-advantage tokens with ratio above c get no gradient (verl "
+                          "clip_ratio_c); 0 disables", zero_is_none=True),
+    "rollout_is": option(help="training-inference correction: multiply each own token's or row's objective by the "
+                         "trainer's old over the sampling engine's probability (detached, truncated or masked), each "
+                         "foreign row's by its source's (needs --temperature 1 and --rollout_backend hf_engine or "
+                         "vllm; docs/training.md, Training-inference corrections)"),
+    "rollout_is_level": option(choices=ROLLOUT_IS_LEVELS, help="own rows' correction weight: per row (exp of the mean "
+                               "over its tokens) or per token; foreign rows: per row"),
+    "rollout_is_mode": option(choices=ROLLOUT_IS_MODES, help="truncate: weights above --rollout_is_threshold are cut "
+                              "to it; mask: units whose weight is outside [--rollout_is_threshold_lower, "
+                              "--rollout_is_threshold] contribute nothing (they stay in the loss's denominator)"),
+    "rollout_is_threshold": option(help="upper bound C of the correction weight (>= 1)"),
+    "rollout_is_threshold_lower": option(help="mask mode: lower bound of the correction weight (default 1 / "
+                                         "--rollout_is_threshold)"),
+}
+"""The kernel parameters (fields of :class:`LossParams`) a run sets, each with its flag and ``only_for`` rule (the
+values themselves follow the kernel's rules, :func:`check_loss_params`). The kernel's other two fields are not
+settings: ``update_index`` is set per optimizer update and ``foreign_rule`` by the loss family
+(:meth:`PolicyLoss.params <openrlhf_hacpo.algorithms.losses.PolicyLoss.params>`)."""
+
+RUN_LOSS_DEFAULTS: dict[str, Any] = {"kl_coef": 0.001, "dual_clip_c": 3.0}
+"""A run's defaults where they differ from the kernel's: the code's KL coefficient (with use_kl_loss) and GRPO's
+dual clip c = 3 (verl ``clip_ratio_c``; only losses with a dual clip apply it)."""
+
+_PER_UPDATE = {"update_index": 0, "foreign_rule": "cross"}
+"""The kernel fields a run does not set, at the values its config holds."""
+
+
+def loss_params(**values: Any) -> LossParams:
+    """The kernel's :class:`LossParams` of a run: :data:`RUN_LOSS_DEFAULTS` over the kernel's defaults, then
+    ``values`` (fields of :data:`LOSS_OPTIONS`); a value at fault is named by its flag, ``--cross_clip_delta
+    (PolicyLossConfig.params.delta) must be <= 1, got 1.5``."""
+    unknown = sorted(set(values) - set(LOSS_OPTIONS))
+    if unknown:
+        raise ValueError(f"PolicyLossConfig has no field(s) {unknown}; known fields: "
+                         f"{sorted([*LOSS_OPTIONS, 'capability_coef'])}")
+    values = {**RUN_LOSS_DEFAULTS, **values}
+    check_loss_params(values, _PARAMS_OWNER, _PARAMS_LABELS)
+    return LossParams(**values)
+
+
 @dataclass
 class PolicyLossConfig:
-    """Clip ranges and switches of the registered policy losses (eqs. 11–14, 47–53).
+    """Clip ranges and switches of the registered policy losses (eqs. 11–14, 47–53): the kernel's parameter object
+    ``params`` (:class:`~hacpo_kernels.hacpo_loss.LossParams`, whose docstring defines each field) and the
+    capability coefficient switch. Build it from flat values with :meth:`of` (``PolicyLossConfig.of(delta=0.3)``).
 
-    * ``eps_low`` / ``eps_high``: self-rollout clip [1 − eps_low, 1 + eps_high] (GSPO 3e-4 / 4e-4; the GRPO
+    * ``params.eps_low`` / ``eps_high``: self-rollout clip [1 − eps_low, 1 + eps_high] (GSPO 3e-4 / 4e-4; the GRPO
       preset uses 0.2 / 0.28).
-    * ``delta``: foreign lower bound at update 0 is 1 − delta (eq. 13; the main-branch code stores the bound
-      itself, 0.8).
-    * ``delta_step``: the bound rises by ``delta_step`` per optimizer update m in the step, capped at 1 (eq. 14).
-    * ``stepwise``: ``False`` keeps the bound fixed at 1 − delta (the "no Stepwise" ablation).
-    * ``cross_clip``: ``False`` drops the foreign clamp entirely, c = s (the "no Clip" ablation).
-    * ``cross_clip_high``: upper end of the foreign window [lo_m, high]; 1 in the paper and both official codes.
-      Values above 1 (an extension of this project, measured in ``benchmarks/compare_tiny.py``) also train on
-      foreign rollouts the learner already finds more likely than their source did (s in (1, high]).
-    * ``cross_clip_mode``: ``"clamp"`` (paper and official code): c · sg(c)^α · ω · A with c = clamp(s, lo, high),
-      zero gradient outside the window whatever the sign of A. ``"pessimistic"`` (an extension, measured in
-      ``benchmarks/compare_tiny.py``): PPO's min(s·A, c·A) · sg(c)^α · ω, so a positive-advantage foreign row below
-      the window and a negative one above it keep their gradient (weight s), the other two cases are dropped.
-    * ``cross_clip_dual``: with ``"pessimistic"``, a negative-advantage foreign row with s above this bound gets no
-      gradient (dual-clip PPO, objective max(min(s·A, c·A), dual·A)), so a rollout the learner finds far likelier
-      than its source did cannot dominate an update; must be >= ``cross_clip_high``.
-    * ``alpha``: exponent of the detached weight sg(c)^alpha (eq. 12); 0 disables exponential IS.
+    * ``params.delta``: foreign lower bound at update 0 is 1 − delta (eq. 13; the main-branch code stores the bound
+      itself, 0.8); ``delta_step``: the bound rises by it per optimizer update m in the step, capped at 1 (eq. 14);
+      ``stepwise=False`` keeps it fixed at 1 − delta (the "no Stepwise" ablation).
+    * ``params.cross_clip``: ``False`` drops the foreign clamp entirely, c = s (the "no Clip" ablation);
+      ``cross_clip_high``: upper end of the foreign window [lo_m, high] (1 in the paper and both official codes;
+      above 1, an extension measured in ``benchmarks/compare_tiny.py``, also trains on foreign rollouts the learner
+      already finds more likely than their source did); ``cross_clip_mode``: ``"clamp"`` (paper and official code,
+      zero gradient outside the window whatever the sign of A) or ``"pessimistic"`` (an extension: PPO's
+      min(s·A, c·A) · sg(c)^α · ω, with the dual clip ``cross_clip_dual`` >= ``cross_clip_high`` on
+      negative-advantage rows).
+    * ``params.alpha``: exponent of the detached weight sg(c)^alpha (eq. 12); 0 disables exponential IS.
+    * ``params.log_ratio_clip`` / ``log_ratio_clip_mode``: clamp of the log importance ratio (``None``: none;
+      ``"symmetric"`` [−c, c], verl-v1 code; ``"upper"`` (−∞, c], main-branch code).
+    * ``params.kl_coef``: weight of the low-variance (k3) KL to the reference policy on own rows (code default
+      0.001, with use_kl_loss; the paper has no KL: set 0).
+    * ``params.ratio_level``: ``"sequence"`` (GSPO, eq. 25) or ``"token"`` (gspo only; the ``grpo`` loss is always
+      token-level); ``loss_agg``: ``"seq-mean-token-mean"`` (code default) or ``"token-mean"`` (a stock verl GRPO
+      run); ``dual_clip_c``: the ``grpo`` loss's dual clip (verl ``clip_ratio_c``, 3; ``None`` disables it; GSPO,
+      HACPO and Naive have none on own rows).
+    * ``params.rollout_is*`` (off): the training-inference correction (docs/training.md, "Training-inference
+      corrections"; needs ``--temperature 1`` and engine actors, which ``TrainConfig`` checks).
     * ``capability_coef``: multiply foreign objectives by ω^(j,k) (eq. 10); ``False`` is the "HACPO − ω" ablation.
-    * ``log_ratio_clip``: clamp of the log importance ratio (``None``: no clamp); ``log_ratio_clip_mode``
-      ``"symmetric"`` clamps to [−c, c] (verl-v1 code), ``"upper"`` to (−∞, c] (main-branch code).
-    * ``kl_coef``: weight of the low-variance (k3) KL to the reference policy on own rows (code default 0.001,
-      with use_kl_loss; the paper has no KL: set 0).
-    * ``ratio_level``: ``"sequence"`` (GSPO, eq. 25) or ``"token"`` (per-token ratios with the same clip rules;
-      needs per-token old log-probs aligned with the learner's tokens). The ``grpo`` loss is always token-level.
-    * ``loss_agg``: ``"seq-mean-token-mean"`` (code default: mean over sequences of per-sequence objectives) or
-      ``"token-mean"`` (every token weighted equally). For ``grpo`` this is the documented aggregation choice: the
-      paper's GRPO formula is seq-mean-token-mean, a stock verl GRPO run uses token-mean.
-    * ``dual_clip_c``: the ``grpo`` loss's dual clip (verl ``clip_ratio_c``, 3): a negative-advantage token's
-      objective is bounded below by c·A, max(min(w·A, clip(w)·A), c·A); ``None`` disables it. GSPO, HACPO and Naive
-      have no dual clip on own rows (verl's GSPO loss has none).
-    * ``rollout_is`` (off): the training-inference correction (verl's ``rollout_is`` settings; docs/training.md,
-      "Training-inference corrections"): a detached weight, the trainer's old probability over the sampling engine's,
-      multiplies each unit objective. ``rollout_is_level``: ``"sequence"`` (per row, exp of the mean over the
-      source's tokens of old − engine log-prob) or ``"token"`` (per own token; foreign rows are always corrected per
-      row, their tokens being the learner's). ``rollout_is_mode``: ``"truncate"`` (weight min(w, C)) or ``"mask"``
-      (units with w outside [C_low, C] contribute 0 but stay in the loss's denominator). ``rollout_is_threshold``:
-      C >= 1 (verl's default 2); ``rollout_is_threshold_lower``: C_low (mask only; default 1 / C). Needs
-      ``--temperature 1`` and engine actors (``TrainConfig`` checks both).
+
+    ``params.update_index`` and ``params.foreign_rule`` stay at 0 and ``"cross"``: the update and the loss family set
+    them (:meth:`PolicyLoss.params <openrlhf_hacpo.algorithms.losses.PolicyLoss.params>`).
     """
 
-    eps_low: float = option(3e-4, flag="--eps_clip_low", help="own-rollout clip: ratio in [1-low, 1+high] (GSPO "
-                            "3e-4 / 4e-4; grpo 0.2 / 0.28)")
-    eps_high: float = option(4e-4, flag="--eps_clip_high", help="upper end of the own-rollout clip")
-    delta: float = option(0.2, flag="--cross_clip_delta", only_for="hacpo",
-                          help="δ: foreign ratios are clipped to [1-δ, 1] (eq. 13)")
-    delta_step: float = option(0.025, flag="--cross_clip_step", only_for="hacpo",
-                               help="δ_step: the lower bound rises by this per update m (eq. 14)")
-    stepwise: bool = option(True, flag="--no_stepwise", only_for="hacpo", help="fixed foreign lower bound 1-δ")
-    cross_clip: bool = option(True, flag="--no_cross_clip", only_for="hacpo", help="no clamp on foreign ratios")
-    cross_clip_high: float = option(1.0, only_for="hacpo", help="upper end of the foreign window [lo, high]; above 1 "
-                                    "also trains on foreign rollouts the learner already finds likelier than their "
-                                    "source did (extension, not in the paper)")
-    cross_clip_mode: str = option("clamp", choices=CROSS_CLIP_MODES, only_for="hacpo",
-                                  help="clamp: foreign rows outside the window get no gradient (paper); pessimistic: "
-                                  "PPO's min(s·A, clip(s)·A), so foreign successes below the window and failures "
-                                  "above it keep theirs (extension, not in the paper)")
-    cross_clip_dual: float = option(3.0, only_for="hacpo", help="pessimistic mode: foreign failures with ratio above "
-                                    "this get no gradient (dual clip)")
-    alpha: float = option(1.0, only_for="hacpo", help="exponential importance-sampling exponent α (eq. 12)")
+    params: LossParams = nested(loss_params, LOSS_OPTIONS)
     capability_coef: bool = option(True, flag="--no_capability_coef", only_for="hacpo",
                                    help="drop the capability coefficient ω^(j,k) on foreign rows (eq. 10)")
-    log_ratio_clip: float | None = option(10.0, help="clamp of the log importance ratio")
-    log_ratio_clip_mode: str = "symmetric"
-    kl_coef: float = option(0.001, flag="--init_kl_coef", help="low-variance KL to the initial policy on own rows; 0 "
-                            "disables the reference model")
-    ratio_level: str = option("sequence", choices=RATIO_LEVELS, help="sequence (GSPO) or token ratios (gspo / grpo "
-                              "only)")
-    loss_agg: str = option("seq-mean-token-mean", choices=LOSS_AGGREGATIONS, help="how objectives are averaged")
-    dual_clip_c: float | None = option(3.0, help="grpo: dual clip c, negative-advantage tokens with ratio above c get "
-                                       "no gradient (verl clip_ratio_c); 0 disables", zero_is_none=True)
-    rollout_is: bool = option(False, help="training-inference correction: multiply each own token's or row's "
-                              "objective by the trainer's old over the sampling engine's probability (detached, "
-                              "truncated or masked), each foreign row's by its source's (needs --temperature 1 and "
-                              "--rollout_backend hf_engine or vllm; docs/training.md, Training-inference corrections)")
-    rollout_is_level: str = option("sequence", choices=ROLLOUT_IS_LEVELS, help="own rows' correction weight: per "
-                                   "row (exp of the mean over its tokens) or per token; foreign rows: per row")
-    rollout_is_mode: str = option("truncate", choices=ROLLOUT_IS_MODES, help="truncate: weights above "
-                                  "--rollout_is_threshold are cut to it; mask: units whose weight is outside "
-                                  "[--rollout_is_threshold_lower, --rollout_is_threshold] contribute nothing (they "
-                                  "stay in the loss's denominator)")
-    rollout_is_threshold: float = option(2.0, help="upper bound C of the correction weight (>= 1)")
-    rollout_is_threshold_lower: float | None = option(None, help="mask mode: lower bound of the correction weight "
-                                                      "(default 1 / --rollout_is_threshold)")
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        owner = type(self).__name__
-        # the loss hyperparameters follow the kernel's one set of rules (LossParams.check), named as the user
-        # writes them: "--cross_clip_delta (PolicyLossConfig.delta) must be <= 1, got 1.5"
-        check_bool(f"{_label(self, 'capability_coef')}", self.capability_coef)
-        kernel_fields = {f.name for f in dataclasses.fields(LossParams)} & {f.name for f in dataclasses.fields(self)}
-        check_loss_params({name: getattr(self, name) for name in kernel_fields}, owner,
-                          {name: _label(self, name) for name in kernel_fields})
+        check_bool(_label(self, "capability_coef"), self.capability_coef)
+        if not isinstance(self.params, LossParams):
+            fail(_PARAMS_OWNER, "a LossParams", self.params)
+        for name, value in _PER_UPDATE.items():
+            if getattr(self.params, name) != value:
+                raise ValueError(f"{_PARAMS_OWNER}.{name} must be {value!r} in a config (each update and the loss "
+                                 f"family set it), got {getattr(self.params, name)!r}")
+
+    @classmethod
+    def of(cls, capability_coef: bool = True, **params: Any) -> "PolicyLossConfig":
+        """A config from flat values: ``capability_coef`` and kernel parameters (:data:`LOSS_OPTIONS`) over the run's
+        defaults, e.g. ``PolicyLossConfig.of(delta=0.3, kl_coef=0.0)``."""
+        return cls(params=loss_params(**params), capability_coef=capability_coef)
+
+    def settings(self) -> dict[str, Any]:
+        """Every setting by its name (the flat layout :meth:`of` takes): the kernel parameters of
+        :data:`LOSS_OPTIONS` and ``capability_coef``."""
+        return {**{name: getattr(self.params, name) for name in LOSS_OPTIONS}, "capability_coef": self.capability_coef}
+
+    def replaced(self, values: Mapping[str, Any]) -> "PolicyLossConfig":
+        """This config with ``values`` changed: flat settings (as :meth:`settings` names them) and/or a ``params``
+        mapping (the layout of ``to_dict``); unknown names raise ``ValueError``."""
+        values = dict(values)
+        params = values.pop("params", None) or {}
+        if isinstance(params, LossParams):
+            params = {name: getattr(params, name) for name in (*LOSS_OPTIONS, *_PER_UPDATE)}
+        for name, fixed in _PER_UPDATE.items():  # a to_dict's params hold them, at the only values a config takes
+            if params.get(name, fixed) != fixed:
+                raise ValueError(f"{_PARAMS_OWNER}.{name} must be {fixed!r} in a config (each update and the loss "
+                                 f"family set it), got {params[name]!r}")
+            params.pop(name, None)
+        twice = sorted(set(params) & set(values))
+        if twice:
+            raise ValueError(f"PolicyLossConfig: {twice} given both flat and under 'params'")
+        return type(self).of(**{**self.settings(), **params, **values})
 
     @property
     def uses_kl(self) -> bool:
         """Whether the loss has the KL term to the reference policy (``kl_coef > 0``), so a reference model is
         needed."""
-        return self.kl_coef > 0
+        return self.params.kl_coef > 0
 
     def cross_lower_bound(self, update_index: int) -> float:
         """Lower clip bound for foreign rows at optimizer update m (eq. 14): min(1, 1 − δ + m·δ_step).
@@ -264,21 +310,30 @@ class PolicyLossConfig:
         """
         if not isinstance(update_index, int):
             raise ValueError(f"update_index must be an int >= 0, got {update_index!r}")
-        return cross_clip_lower_bound(self.delta, self.delta_step, update_index, self.stepwise)
+        p = self.params
+        return cross_clip_lower_bound(p.delta, p.delta_step, update_index, p.stepwise)
 
     @classmethod
     def for_algorithm(cls, name: str, **overrides: Any) -> "PolicyLossConfig":
-        """Defaults of one algorithm: GRPO gets the DAPO clip-higher range 0.2 / 0.28 and token ratios."""
+        """Defaults of one algorithm: GRPO gets the DAPO clip-higher range 0.2 / 0.28 and token ratios;
+        ``overrides`` are flat settings (:meth:`of`)."""
         check_choice("PolicyLossConfig.for_algorithm.name", name, ALGORITHMS)
         values: dict[str, Any] = {}
         if name == "grpo":
             values.update(eps_low=0.2, eps_high=0.28, ratio_level="token")
         values.update(overrides)
-        return cls(**values)
+        return cls.of(**values)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "PolicyLossConfig":
-        return _from_dict(cls, data)
+        """Flat settings (``{"delta": 0.3}``, the layout configs were saved in before ``params``) or the layout of
+        ``to_dict`` (``{"params": {...}, "capability_coef": ...}``), over the defaults."""
+        return cls().replaced(data)
+
+
+_PARAMS_OWNER = "PolicyLossConfig.params"
+_PARAMS_LABELS = {name: option_label(f.metadata, name, _PARAMS_OWNER) for name, f in LOSS_OPTIONS.items()}
+"""How errors name each kernel parameter: ``--cross_clip_delta (PolicyLossConfig.params.delta)``."""
 
 
 @dataclass
@@ -307,7 +362,7 @@ class HACPOConfig:
             if not isinstance(value, cls):
                 fail(f"{owner}.{name}", f"a {cls.__name__}", value)
             value.validate()
-        if self.trains_on_foreign and self.loss.ratio_level == "token":
+        if self.trains_on_foreign and self.loss.params.ratio_level == "token":
             raise ValueError(
                 f"ratio_level='token' is incompatible with algorithm={self.algorithm!r}: foreign rows carry only the "
                 "source's sequence-mean old log-prob (use ratio_level='sequence', or gspo / grpo)"
@@ -326,8 +381,8 @@ class HACPOConfig:
     @property
     def token_level_ratios(self) -> bool:
         """Whether the importance ratios are per token: always for ``grpo`` (its loss ignores ``ratio_level``),
-        otherwise when ``loss.ratio_level == "token"`` (gspo only; hacpo / naive refuse it)."""
-        return self.algorithm == "grpo" or self.loss.ratio_level == "token"
+        otherwise when ``loss.params.ratio_level == "token"`` (gspo only; hacpo / naive refuse it)."""
+        return self.algorithm == "grpo" or self.loss.params.ratio_level == "token"
 
     @classmethod
     def preset(cls, name: str, **loss_overrides: Any) -> "HACPOConfig":
@@ -347,7 +402,7 @@ class HACPOConfig:
           objectives, ω kept in the baseline (Table 3). ``hacpo-no-clip``: no foreign clamp (Figure 4).
           ``hacpo-no-stepwise``: fixed foreign bound 1 − δ (Figure 4).
 
-        ``loss_overrides`` are applied to the :class:`PolicyLossConfig` (e.g. ``alpha=3.0``).
+        ``loss_overrides`` are flat settings of the :class:`PolicyLossConfig` (e.g. ``alpha=3.0``).
         """
         check_choice("HACPOConfig.preset.name", name, PRESETS)
         algorithm = {"naive-paper": "hacpo", "naive-gated": "naive"}.get(name, name.split("-", 1)[0])
@@ -383,9 +438,10 @@ class HACPOConfig:
         _check_known_fields(cls, data)
         base = cls.preset(data.get("algorithm", "hacpo"))
         sections = {}
-        for name in ("capability", "advantage", "loss"):
+        for name in ("capability", "advantage"):
             current = getattr(base, name)
             overrides = data.get(name) or {}
             _check_known_fields(type(current), overrides)
             sections[name] = dataclasses.replace(current, **overrides)
+        sections["loss"] = base.loss.replaced(data.get("loss") or {})  # flat, or the params layout of to_dict
         return cls(algorithm=base.algorithm, **sections)

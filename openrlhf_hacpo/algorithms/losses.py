@@ -37,6 +37,7 @@ A ``hacpo`` or ``naive`` run has sequence ratios: :class:`~openrlhf_hacpo.algori
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -206,7 +207,7 @@ class PolicyLoss:
 
     * ``token_level``: ``True`` always uses token ratios (``grpo``); ``None`` follows ``ratio_level``.
     * ``foreign``: ``"reject"`` (own rows only), ``"cross"`` (HACPO's foreign rule) or ``"self_clip"`` (Naive).
-    * ``dual_clip``: apply ``PolicyLossConfig.dual_clip_c`` to the own-row rule (verl's PPO/GRPO loss).
+    * ``dual_clip``: apply ``PolicyLossConfig.params.dual_clip_c`` to the own-row rule (verl's PPO/GRPO loss).
     * ``capability_coef``: multiply foreign objectives by ω^(j,k) when ``PolicyLossConfig.capability_coef``.
     """
 
@@ -217,23 +218,15 @@ class PolicyLoss:
     capability_coef: bool = False
 
     def uses_token_ratios(self, cfg: PolicyLossConfig) -> bool:
-        return self.token_level if self.token_level is not None else cfg.ratio_level == "token"
+        return self.token_level if self.token_level is not None else cfg.params.ratio_level == "token"
 
     def params(self, cfg: PolicyLossConfig, update_index: int = 0) -> LossParams:
-        """The kernel's :class:`~hacpo_kernels.hacpo_loss.LossParams` for this loss at update ``update_index``."""
-        return LossParams(
-            eps_low=cfg.eps_low, eps_high=cfg.eps_high, delta=cfg.delta, delta_step=cfg.delta_step,
-            stepwise=cfg.stepwise, update_index=update_index, cross_clip=cfg.cross_clip,
-            cross_clip_high=cfg.cross_clip_high, cross_clip_mode=cfg.cross_clip_mode,
-            cross_clip_dual=cfg.cross_clip_dual, alpha=cfg.alpha,
-            foreign_rule="self_clip" if self.foreign == "self_clip" else "cross",
-            dual_clip_c=cfg.dual_clip_c if self.dual_clip else None,
-            log_ratio_clip=cfg.log_ratio_clip, log_ratio_clip_mode=cfg.log_ratio_clip_mode,
-            ratio_level="token" if self.uses_token_ratios(cfg) else "sequence", loss_agg=cfg.loss_agg,
-            kl_coef=cfg.kl_coef, rollout_is=cfg.rollout_is, rollout_is_level=cfg.rollout_is_level,
-            rollout_is_mode=cfg.rollout_is_mode, rollout_is_threshold=cfg.rollout_is_threshold,
-            rollout_is_threshold_lower=cfg.rollout_is_threshold_lower,
-        )
+        """The kernel's :class:`~hacpo_kernels.hacpo_loss.LossParams` for this loss at update ``update_index``: the
+        run's (``cfg.params``) with this loss's switches (foreign rule, dual clip, ratio level) and the update."""
+        return dataclasses.replace(
+            cfg.params, update_index=update_index, foreign_rule="self_clip" if self.foreign == "self_clip" else "cross",
+            dual_clip_c=cfg.params.dual_clip_c if self.dual_clip else None,
+            ratio_level="token" if self.uses_token_ratios(cfg) else "sequence")
 
     def coefficients(self, cfg: PolicyLossConfig, coef: torch.Tensor) -> torch.Tensor:
         """The per-row coefficient the kernel multiplies foreign objectives by: ω^(j,k), or 1."""

@@ -11,6 +11,7 @@ sinks) are left out, so they may change between a run and its resume.
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from openrlhf_hacpo.config import TrainConfig
@@ -35,13 +36,12 @@ fingerprints of runs without it stay as they were."""
 
 def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
     """Flat ``{setting: value}`` of the settings that must match on resume (plain values, JSON- and pickle-safe)."""
-    out: dict[str, Any] = {"agents": list(cfg.agent_names)}
-    for section, values in cfg.algo.to_dict().items():
-        if isinstance(values, dict):
-            out.update({f"algo.{section}.{k}": _plain(v) for k, v in values.items()})
-        else:
-            out[f"algo.{section}"] = _plain(values)
-    if not cfg.algo.loss.rollout_is:
+    algo = cfg.algo
+    out: dict[str, Any] = {"agents": list(cfg.agent_names), "algo.algorithm": algo.algorithm}
+    for section in ("capability", "advantage"):
+        out.update({f"algo.{section}.{k}": _plain(v) for k, v in dataclasses.asdict(getattr(algo, section)).items()})
+    out.update({f"algo.loss.{k}": _plain(v) for k, v in algo.loss.settings().items()})  # its params by their names
+    if not algo.loss.params.rollout_is:
         out = {k: v for k, v in out.items() if not k.startswith(_ROLLOUT_IS_PREFIX)}
     out.update({name: _plain(getattr(cfg, name)) for name in _RUN_FIELDS})
     if cfg.one_step_off:

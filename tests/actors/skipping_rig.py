@@ -125,7 +125,8 @@ def make_loop(model: torch.nn.Module, cfg: TrainConfig, lr: float, world_size: i
 # ------------------------------------------------------------------------------------------------ the reference
 def lower_bound(loss: PolicyLossConfig, m: int) -> float:
     """lo_m = min(1, 1 − δ + m·δ_step) (eq. 14), or 1 − δ without the stepwise rise (eq. 13)."""
-    return min(1.0, 1.0 - loss.delta + m * loss.delta_step) if loss.stepwise else 1.0 - loss.delta
+    p = loss.params
+    return min(1.0, 1.0 - p.delta + m * p.delta_step) if p.stepwise else 1.0 - p.delta
 
 
 def objective64(ell: torch.Tensor, adv: float, own: bool, rule: str, loss: PolicyLossConfig, m: int
@@ -134,17 +135,17 @@ def objective64(ell: torch.Tensor, adv: float, own: bool, rule: str, loss: Polic
     min(sA, clip(s, 1 − ε_low, 1 + ε_high)A) (eqs. 47–49; every row under Naive), or the foreign rule
     c·sg(c)^α·ω·A with c = clamp(s, lo_m, hi) (eqs. 10–14; c = s without the cross clip; the pessimistic mode
     takes max(min(sA, cA), dual·A if A < 0))."""
-    if loss.log_ratio_clip is not None:
-        ell = ell.clamp(-loss.log_ratio_clip, loss.log_ratio_clip)
+    if loss.params.log_ratio_clip is not None:
+        ell = ell.clamp(-loss.params.log_ratio_clip, loss.params.log_ratio_clip)
     s = ell.exp()
     if own or rule == "naive":
-        return torch.minimum(s * adv, s.clamp(1.0 - loss.eps_low, 1.0 + loss.eps_high) * adv)
-    c = s.clamp(lower_bound(loss, m), loss.cross_clip_high) if loss.cross_clip else s
-    weight = c.detach() ** loss.alpha * (COEF if loss.capability_coef else 1.0)
-    if loss.cross_clip and loss.cross_clip_mode == "pessimistic":
+        return torch.minimum(s * adv, s.clamp(1.0 - loss.params.eps_low, 1.0 + loss.params.eps_high) * adv)
+    c = s.clamp(lower_bound(loss, m), loss.params.cross_clip_high) if loss.params.cross_clip else s
+    weight = c.detach() ** loss.params.alpha * (COEF if loss.capability_coef else 1.0)
+    if loss.params.cross_clip and loss.params.cross_clip_mode == "pessimistic":
         value = torch.minimum(s * adv, c * adv)
         if adv < 0:
-            value = torch.maximum(value, torch.tensor(loss.cross_clip_dual * adv, dtype=torch.float64))
+            value = torch.maximum(value, torch.tensor(loss.params.cross_clip_dual * adv, dtype=torch.float64))
         return value * weight
     return c * weight * adv
 
@@ -184,12 +185,12 @@ def expected_backward_rows(rows: list[Row], rule: str, loss: PolicyLossConfig, m
 def edges(rule: str, loss: PolicyLossConfig, m: int) -> list[tuple[float, int]]:
     """The log-ratios where a foreign row's gradient switches on or off at update m, each with the direction (+1:
     larger ℓ, −1: smaller ℓ) towards the side where the rule passes gradient for some sign of A."""
-    lo, hi = math.log(lower_bound(loss, m)), math.log(loss.cross_clip_high)
-    clip = loss.log_ratio_clip
+    lo, hi = math.log(lower_bound(loss, m)), math.log(loss.params.cross_clip_high)
+    clip = loss.params.log_ratio_clip
     if rule == "naive":  # own-row clip: A > 0 trains up to 1 + ε_high, A < 0 from 1 − ε_low up
-        return [(math.log(1.0 + loss.eps_high), -1), (math.log(1.0 - loss.eps_low), +1)]
+        return [(math.log(1.0 + loss.params.eps_high), -1), (math.log(1.0 - loss.params.eps_low), +1)]
     if rule == "no_clip":  # only the log-ratio clamp stops the gradient
         return [(-clip, +1), (clip, -1)]
     if rule == "pessimistic":  # A > 0: up to hi (and down to the log clamp); A < 0: from lo up to the dual clip
-        return [(hi, -1), (-clip, +1), (lo, +1), (math.log(loss.cross_clip_dual), -1)]
+        return [(hi, -1), (-clip, +1), (lo, +1), (math.log(loss.params.cross_clip_dual), -1)]
     return [(max(lo, -clip), +1), (min(hi, clip), -1)]  # clamp: the window, cut by the log-ratio clamp

@@ -56,7 +56,7 @@ def test_bundles_and_gpu_shares_dedicated_colocated_and_on_cpus():
     assert colocated.policy_gpus == pytest.approx(1 / 3) and colocated.colocated
     assert colocated.engine_settings == EngineSettings(False, 0.5, True) and colocated.weight_sync_mode == "object_store"
     no_kl_cfg = _cfg(agent, colocate_all_models=True)
-    no_kl_cfg.algo.loss.kl_coef = 0.0
+    no_kl_cfg.algo.loss = no_kl_cfg.algo.loss.replaced({"kl_coef": 0.0})
     (no_kl,) = plan_agents(no_kl_cfg, on_gpu=True)
     assert no_kl.policy_gpus == 0.5 and not no_kl.has_reference
     (cpu,) = plan_agents(_cfg(agent, colocate_all_models=True), on_gpu=False)

@@ -162,7 +162,7 @@ def test_every_row_with_gradient_goes_through_the_backward_pass(rule, fixed_poli
         # the update's float32 ratio is exactly 1.0: a row drawn onto that point is decided by float noise, in the
         # probe and in the full update alike (the parameters' equality is checked by the edge tests), so it is left
         # out of both directions here.
-        collapsed = lower_bound(loss, m) >= loss.cross_clip_high and rule in ("clamp", "log_clamp")
+        collapsed = lower_bound(loss, m) >= loss.params.cross_clip_high and rule in ("clamp", "log_clamp")
         rows_checked = [i for i, r in enumerate(rows) if not (collapsed and not r.own and abs(r.ell) < 1e-6)]
         with_grad = {i for i in rows_checked if has_gradient(rows[i], rule, loss, m)}
         left_out = {i: (rows[i].ell, rows[i].adv) for i in with_grad - trained}

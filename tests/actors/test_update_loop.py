@@ -79,7 +79,7 @@ def test_micro_loss_at_ratio_one_is_minus_the_advantage_and_reports_the_entropy(
     """With s = 1 every own row's objective is min(A, clip(1)·A) = A and the KL to an equal reference is 0; the loss
     is minus their mean, A = 0.75 for both rows. The entropy is the float64 mean over the 6 response tokens of
     H(softmax(z / T))."""
-    assert loop.cfg.algo.loss.kl_coef > 0  # the reference log-probs reach the loss
+    assert loop.cfg.algo.loss.params.kl_coef > 0  # the reference log-probs reach the loss
     means, ref, entropy = reference(loop.engine.module, loop.cfg.temperature)
     loss, out = loop.micro_loss(batch(means).packed(0), 0, TOTALS, ref)
     assert out is not None

@@ -44,7 +44,7 @@ def test_loss_metrics_merged_over_micro_batches_equal_the_whole_batchs():
                   dtype=torch.float64), advantages=torch.tensor([1.0, -1.0, 2.0, 1.0, 0.5, -2.0, 1.0, 1.0],
                   dtype=torch.float64), is_own=torch.tensor([True, False, True, False, False, True, False, True]),
                   coef=torch.full((8,), 0.5, dtype=torch.float64))
-    cfg = PolicyLossConfig(kl_coef=0.0)
+    cfg = PolicyLossConfig.of(kl_coef=0.0)
     loss = get_policy_loss("hacpo")
     whole = loss(PolicyLossInput(**fields), cfg)
     stats = WeightedMeans()

@@ -24,27 +24,28 @@ def test_defaults_are_the_official_code_defaults():
     assert (adv.capability_weighting, adv.scope, adv.std_normalize, adv.eps, adv.uniform_reward_guard,
             adv.baseline_guard) == (True, "joint", True, 1e-6, True, True)
     loss = PolicyLossConfig()
-    assert (loss.eps_low, loss.eps_high, loss.delta, loss.delta_step, loss.alpha) == (3e-4, 4e-4, 0.2, 0.025, 1.0)
-    assert (loss.log_ratio_clip, loss.log_ratio_clip_mode, loss.kl_coef, loss.loss_agg) == (
+    p = loss.params
+    assert (p.eps_low, p.eps_high, p.delta, p.delta_step, p.alpha) == (3e-4, 4e-4, 0.2, 0.025, 1.0)
+    assert (p.log_ratio_clip, p.log_ratio_clip_mode, p.kl_coef, p.loss_agg) == (
         10.0, "symmetric", 0.001, "seq-mean-token-mean")
-    assert loss.stepwise and loss.cross_clip and loss.capability_coef
+    assert p.stepwise and p.cross_clip and loss.capability_coef
 
 
 @pytest.mark.parametrize(
     "factory, match",
     [
-        (lambda: PolicyLossConfig(alpha=-1), r"PolicyLossConfig\.alpha\)? must be >= 0, got -1"),
-        (lambda: PolicyLossConfig(eps_low=1.5), r"PolicyLossConfig\.eps_low\)? must be < 1"),
-        (lambda: PolicyLossConfig(delta=1.2), r"PolicyLossConfig\.delta\)? must be <= 1"),
-        (lambda: PolicyLossConfig(delta_step=float("nan")), r"PolicyLossConfig\.delta_step\)? must be finite"),
-        (lambda: PolicyLossConfig(log_ratio_clip=0.0), r"PolicyLossConfig\.log_ratio_clip\)? must be > 0 or None"),
-        (lambda: PolicyLossConfig(log_ratio_clip_mode="lower"), r"PolicyLossConfig\.log_ratio_clip_mode"),
-        (lambda: PolicyLossConfig(loss_agg="seq-sum"), r"PolicyLossConfig\.loss_agg\)? must be one of"),
-        (lambda: PolicyLossConfig(ratio_level="word"), r"PolicyLossConfig\.ratio_level"),
-        (lambda: PolicyLossConfig(delta=1.5), r"--cross_clip_delta \(PolicyLossConfig\.delta\) must be <= 1"),
-        (lambda: PolicyLossConfig(dual_clip_c=1.0), r"--dual_clip_c \(PolicyLossConfig\.dual_clip_c\) must be > 1"),
-        (lambda: PolicyLossConfig(stepwise=1), r"PolicyLossConfig\.stepwise\)? must be a bool"),
-        (lambda: PolicyLossConfig(kl_coef=-0.1), r"PolicyLossConfig\.kl_coef\)? must be >= 0"),
+        (lambda: PolicyLossConfig.of(alpha=-1), r"PolicyLossConfig\.params\.alpha\)? must be >= 0, got -1"),
+        (lambda: PolicyLossConfig.of(eps_low=1.5), r"PolicyLossConfig\.params\.eps_low\)? must be < 1"),
+        (lambda: PolicyLossConfig.of(delta=1.2), r"PolicyLossConfig\.params\.delta\)? must be <= 1"),
+        (lambda: PolicyLossConfig.of(delta_step=float("nan")), r"PolicyLossConfig\.params\.delta_step\)? must be finite"),
+        (lambda: PolicyLossConfig.of(log_ratio_clip=0.0), r"PolicyLossConfig\.params\.log_ratio_clip\)? must be > 0 or None"),
+        (lambda: PolicyLossConfig.of(log_ratio_clip_mode="lower"), r"PolicyLossConfig\.params\.log_ratio_clip_mode"),
+        (lambda: PolicyLossConfig.of(loss_agg="seq-sum"), r"PolicyLossConfig\.params\.loss_agg\)? must be one of"),
+        (lambda: PolicyLossConfig.of(ratio_level="word"), r"PolicyLossConfig\.params\.ratio_level"),
+        (lambda: PolicyLossConfig.of(delta=1.5), r"--cross_clip_delta \(PolicyLossConfig\.params\.delta\) must be <= 1"),
+        (lambda: PolicyLossConfig.of(dual_clip_c=1.0), r"--dual_clip_c \(PolicyLossConfig\.params\.dual_clip_c\) must be > 1"),
+        (lambda: PolicyLossConfig.of(stepwise=1), r"PolicyLossConfig\.params\.stepwise\)? must be a bool"),
+        (lambda: PolicyLossConfig.of(kl_coef=-0.1), r"PolicyLossConfig\.params\.kl_coef\)? must be >= 0"),
         (lambda: CapabilityConfig(window=0), r"--capability_window \(CapabilityConfig\.window\) must be >= 1, got 0"),
         (lambda: CapabilityConfig(metric="accuracy"), r"--capability_metric \(CapabilityConfig\.metric\) must be one of"),
         (lambda: CapabilityConfig(floor=0.0), r"CapabilityConfig\.floor must be > 0"),
@@ -133,8 +134,8 @@ def test_capability_ratio_bounds_at_their_edges_are_accepted():
 
 
 def test_validation_runs_on_replace():
-    with pytest.raises(ValueError, match=r"PolicyLossConfig\.alpha"):
-        dataclasses.replace(PolicyLossConfig(), alpha=-2.0)
+    with pytest.raises(ValueError, match=r"LossParams\.alpha"):
+        dataclasses.replace(PolicyLossConfig().params, alpha=-2.0)
 
 
 def test_paper_variant_capability_settings_are_valid():
@@ -152,15 +153,15 @@ def test_presets():
     gspo = HACPOConfig.preset("gspo")
     assert gspo.algorithm == "gspo" and gspo.advantage.scope == "own" and not gspo.trains_on_foreign
     grpo = HACPOConfig.preset("grpo")
-    assert (grpo.loss.eps_low, grpo.loss.eps_high, grpo.loss.ratio_level) == (0.2, 0.28, "token")
+    assert (grpo.loss.params.eps_low, grpo.loss.params.eps_high, grpo.loss.params.ratio_level) == (0.2, 0.28, "token")
     base_loss = HACPOConfig.preset("hacpo").loss
     naive = HACPOConfig.preset("naive")
     assert naive.algorithm == "naive" and not naive.advantage.capability_weighting and naive.trains_on_foreign
     assert HACPOConfig.preset("naive-gated") == naive  # "naive" is the older name of the success-gated reading
     paper = HACPOConfig.preset("naive-paper")  # HACPO with -Adv, -omega, alpha = 0 and no foreign window
     assert paper.algorithm == "hacpo" and paper.trains_on_foreign and not paper.advantage.capability_weighting
-    assert (paper.loss.capability_coef, paper.loss.alpha, paper.loss.cross_clip) == (False, 0.0, False)
-    assert dataclasses.replace(paper.loss, capability_coef=True, alpha=1.0, cross_clip=True) == base_loss
+    assert (paper.loss.capability_coef, paper.loss.params.alpha, paper.loss.params.cross_clip) == (False, 0.0, False)
+    assert paper.loss.replaced({"capability_coef": True, "alpha": 1.0, "cross_clip": True}) == base_loss
 
     # each ablation switches exactly one mechanism off
     base = HACPOConfig.preset("hacpo")
@@ -173,10 +174,15 @@ def test_presets():
     for name, (section, field) in changes.items():
         cfg = HACPOConfig.preset(name)
         assert cfg.algorithm == "hacpo"
-        assert getattr(getattr(cfg, section), field) is False
-        assert dataclasses.replace(getattr(cfg, section), **{field: True}) == getattr(base, section)
+        values = getattr(cfg, section)
+        if section == "loss":  # the loss's settings by their flat names (its params object and capability_coef)
+            assert values.settings()[field] is False
+            assert values.replaced({field: True}) == base.loss
+        else:
+            assert getattr(values, field) is False
+            assert dataclasses.replace(values, **{field: True}) == getattr(base, section)
         assert cfg.capability == base.capability
-    assert HACPOConfig.preset("hacpo", alpha=3.0).loss.alpha == 3.0
+    assert HACPOConfig.preset("hacpo", alpha=3.0).loss.params.alpha == 3.0
     for name in PRESETS:
         get_policy_loss(HACPOConfig.preset(name).loss_name)  # every preset names a registered loss
     with pytest.raises(ValueError, match=r"HACPOConfig\.preset\.name must be one of"):
@@ -189,11 +195,11 @@ def test_dict_round_trip_and_overrides():
     assert HACPOConfig.from_dict(data) == cfg
     yaml_like = {"algorithm": "hacpo-no-stepwise", "loss": {"alpha": 2.0}, "capability": {"window": 10}}
     built = HACPOConfig.from_dict(yaml_like)
-    assert not built.loss.stepwise and built.loss.alpha == 2.0 and built.capability.window == 10
-    assert HACPOConfig.from_dict({"algorithm": "grpo"}).loss.eps_high == 0.28
+    assert not built.loss.params.stepwise and built.loss.params.alpha == 2.0 and built.capability.window == 10
+    assert HACPOConfig.from_dict({"algorithm": "grpo"}).loss.params.eps_high == 0.28
     with pytest.raises(ValueError, match=r"PolicyLossConfig has no field\(s\) \['alpah'\]"):
         HACPOConfig.from_dict({"loss": {"alpah": 1.0}})
     with pytest.raises(ValueError, match=r"HACPOConfig has no field\(s\) \['lr'\]"):
         HACPOConfig.from_dict({"lr": 1e-6})
-    with pytest.raises(ValueError, match=r"PolicyLossConfig\.delta_step\)? must be >= 0"):
+    with pytest.raises(ValueError, match=r"PolicyLossConfig\.params\.delta_step\)? must be >= 0"):
         HACPOConfig.from_dict({"loss": {"delta_step": -0.1}})

@@ -55,7 +55,7 @@ def test_golden_case(index):
     torch.testing.assert_close(coef, f64(expected["coefficients"]), rtol=0, atol=TOL)
 
     logp = f64(inputs["logp_new"]).requires_grad_(True)
-    cfg = PolicyLossConfig(
+    cfg = PolicyLossConfig.of(
         eps_low=inputs["eps_low"], eps_high=inputs["eps_high"], delta=inputs["delta"],
         delta_step=inputs["delta_step"], alpha=inputs["alpha"], log_ratio_clip=inputs["log_ratio_clip"],
         log_ratio_clip_mode="symmetric", kl_coef=0.0,

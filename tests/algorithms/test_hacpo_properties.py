@@ -53,7 +53,7 @@ def run(name, fields, config, **extra):
 
 
 loss_configs = st.builds(
-    PolicyLossConfig,
+    PolicyLossConfig.of,
     alpha=st.sampled_from([0.0, 0.5, 1.0, 3.0]),
     delta=st.sampled_from([0.1, 0.2, 0.3]),
     delta_step=st.sampled_from([0.0, 0.01, 0.025]),
@@ -88,7 +88,7 @@ def window_setup(draw):
 @given(seed=seeds, setup=window_setup(), stepwise=st.booleans())
 def test_lower_bound_schedule(seed, setup, stepwise):
     m, delta, delta_step, alpha = setup
-    config = PolicyLossConfig(delta=delta, delta_step=delta_step, alpha=alpha, stepwise=stepwise, kl_coef=0.0)
+    config = PolicyLossConfig.of(delta=delta, delta_step=delta_step, alpha=alpha, stepwise=stepwise, kl_coef=0.0)
     expected = min(1.0, 1.0 - delta + m * delta_step) if stepwise else 1.0 - delta
     assert config.cross_lower_bound(m) == expected
     # behaviour at the bound: just below it a foreign row gets no gradient, just above it (inside) it does
@@ -108,7 +108,7 @@ def test_lower_bound_schedule(seed, setup, stepwise):
 @given(seed=seeds, setup=window_setup(), side=st.sampled_from(["below", "above"]), gap=st.floats(1e-6, 2.0))
 def test_foreign_ratio_outside_window_has_zero_gradient(seed, setup, side, gap):
     m, delta, delta_step, alpha = setup
-    config = PolicyLossConfig(delta=delta, delta_step=delta_step, alpha=alpha, kl_coef=0.0)
+    config = PolicyLossConfig.of(delta=delta, delta_step=delta_step, alpha=alpha, kl_coef=0.0)
     lo = config.cross_lower_bound(m)
     fields = random_batch(seed, 4, 4, update_index=m)
     fields["is_own"][0] = False
@@ -127,7 +127,7 @@ def test_foreign_ratio_outside_window_has_zero_gradient(seed, setup, side, gap):
 @given(seed=seeds, setup=window_setup(), u=st.floats(1e-6, 1.0 - 1e-6), rows=st.integers(1, 5), width=st.integers(1, 6))
 def test_foreign_gradient_matches_prop_d6(seed, setup, u, rows, width):
     m, delta, delta_step, alpha = setup
-    config = PolicyLossConfig(delta=delta, delta_step=delta_step, alpha=alpha, kl_coef=0.0)
+    config = PolicyLossConfig.of(delta=delta, delta_step=delta_step, alpha=alpha, kl_coef=0.0)
     lo = config.cross_lower_bound(m)
     fields = random_batch(seed, rows, width, own_fraction=-1.0, update_index=m)  # all foreign
     mask = fields["mask"]

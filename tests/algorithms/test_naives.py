@@ -29,7 +29,7 @@ COEF = [1.0, 4.0, 4.0, 4.0]
 
 def _run(preset):
     cfg = HACPOConfig.preset(preset)
-    loss_cfg = type(cfg.loss)(**{**cfg.loss.__dict__, "kl_coef": 0.0})
+    loss_cfg = cfg.loss.replaced({"kl_coef": 0.0})
     inp = _input(LOGP, OLD, ADV, OWN, COEF)
     out = get_policy_loss(cfg.loss_name)(inp, loss_cfg)
     out.loss.backward()

@@ -38,7 +38,7 @@ def make_input(logp, old_mean, adv, is_own, coef=None, mask=None, **extra):
 
 def cfg(**kw):
     kw.setdefault("kl_coef", 0.0)
-    return PolicyLossConfig(**kw)
+    return PolicyLossConfig.of(**kw)
 
 
 def loss_and_grad(name, inp, config):
@@ -189,7 +189,7 @@ def test_naive_uses_self_clip_everywhere_and_ignores_coef():
 
 def test_grpo_token_ratios_by_hand():
     config = PolicyLossConfig.for_algorithm("grpo", kl_coef=0.0)
-    assert (config.eps_low, config.eps_high) == (0.2, 0.28)
+    assert (config.params.eps_low, config.params.eps_high) == (0.2, 0.28)
     logp = [[-1.0, -2.0]]
     old = [[-1.0 - math.log(1.5), -2.0 - math.log(0.9)]]  # w = [1.5, 0.9]
     inp = make_input(logp, [0.0], [1.0], [True], old_logp=f64(old))
@@ -316,7 +316,7 @@ def test_registry_is_the_table_of_four_rows():
     assert set(POLICY_LOSSES) == {"grpo", "gspo", "hacpo", "naive"}
     with pytest.raises(KeyError, match=r"unknown policy loss 'ppo'; known: \[.*'gspo'.*'hacpo'"):
         get_policy_loss("ppo")
-    config = PolicyLossConfig(kl_coef=0.0, ratio_level="token")
+    config = PolicyLossConfig.of(kl_coef=0.0, ratio_level="token")
     rows = {name: (loss.params(config).ratio_level, loss.params(config).foreign_rule, loss.params(config).dual_clip_c)
             for name, loss in POLICY_LOSSES.items()}
     assert rows == {"grpo": ("token", "cross", 3.0), "gspo": ("token", "cross", None),

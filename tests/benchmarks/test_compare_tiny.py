@@ -73,7 +73,7 @@ def test_the_mismatch_arms_are_bf16_engines_with_each_correction_against_fp32_an
                             regime="paper")
         train = build_config(trainer_argv(cfg, {"llamaS": tmp_path / "l", "qwenM": tmp_path / "q"},
                                           {"train": tmp_path / "t.jsonl", "eval": tmp_path / "e.jsonl"}))
-        loss = train.algo.loss
+        loss = train.algo.loss.params
         seen[name] = (train.rollout_backend, [a.resolved_engine_dtype for a in train.resolved_agents()],
                       loss.rollout_is and (loss.rollout_is_level, loss.rollout_is_mode), arm.reference,
                       arm.also_against)
@@ -130,7 +130,7 @@ def test_the_paper_regime_sets_the_mini_batches_and_refuses_arms_with_their_own_
                                                                                                          "paper")))
     train = build_config(trainer_argv(cfg, {"llamaS": tmp_path / "l", "qwenM": tmp_path / "q"},
                                       {"train": tmp_path / "t.jsonl", "eval": tmp_path / "e.jsonl"}))
-    assert train.updates_per_step == 4 and train.algo.loss.stepwise is False
+    assert train.updates_per_step == 4 and train.algo.loss.params.stepwise is False
     single = build_config(trainer_argv(
         MainJobConfig(preset=preset, algorithm=arm.algorithm, output=tmp_path / "ns1",
                       n_samples_per_prompt=arm.group_size(preset), extra_args=tuple(arm.trainer_flags(preset))),

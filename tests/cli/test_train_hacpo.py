@@ -55,11 +55,11 @@ def test_hacpo_flags_reach_the_algorithm_config():
                                "--eps_clip_low", "1e-3", "--init_kl_coef", "0", "--no_capability_advantage"])
     algo = cfg.algo
     assert algo.algorithm == "hacpo"
-    assert (algo.loss.alpha, algo.loss.delta, algo.loss.delta_step, algo.loss.stepwise) == (3.0, 0.1, 0.01, False)
-    assert algo.loss.cross_clip_high == 1.2 and algo.loss.cross_clip_mode == "pessimistic"
+    assert (algo.loss.params.alpha, algo.loss.params.delta, algo.loss.params.delta_step, algo.loss.params.stepwise) == (3.0, 0.1, 0.01, False)
+    assert algo.loss.params.cross_clip_high == 1.2 and algo.loss.params.cross_clip_mode == "pessimistic"
     assert (algo.capability.window, algo.capability.metric) == (7, "mean_reward")
-    assert algo.loss.eps_low == 1e-3 and algo.loss.eps_high == HACPOConfig().loss.eps_high
-    assert algo.loss.kl_coef == 0.0 and algo.advantage.capability_weighting is False
+    assert algo.loss.params.eps_low == 1e-3 and algo.loss.params.eps_high == HACPOConfig().loss.params.eps_high
+    assert algo.loss.params.kl_coef == 0.0 and algo.advantage.capability_weighting is False
 
 
 def test_presets_for_baselines_and_ablations():
@@ -67,9 +67,9 @@ def test_presets_for_baselines_and_ablations():
     assert gspo.algo.advantage.scope == "own" and not gspo.trains_on_foreign
     assert gspo.rows_per_learner == 4 * 2
     grpo = build_config(BASE + ["--algorithm", "grpo", "--train_batch_size", "4"])
-    assert (grpo.algo.loss.eps_low, grpo.algo.loss.eps_high) == (0.2, 0.28)
+    assert (grpo.algo.loss.params.eps_low, grpo.algo.loss.params.eps_high) == (0.2, 0.28)
     ablation = build_config(BASE + ["--algorithm", "hacpo-no-clip"])
-    assert ablation.algo.algorithm == "hacpo" and ablation.algo.loss.cross_clip is False
+    assert ablation.algo.algorithm == "hacpo" and ablation.algo.loss.params.cross_clip is False
 
 
 @pytest.mark.parametrize("extra, message", [

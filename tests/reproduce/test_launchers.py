@@ -64,13 +64,13 @@ def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, me
     assert cfg.eos_policy == "text"
     assert cfg.save_path == f"runs/table1/{pair}/{method}"
     if algorithm == "grpo":
-        assert (cfg.algo.loss.eps_low, cfg.algo.loss.eps_high) == (0.2, 0.28)
-        assert cfg.algo.loss.loss_agg == "seq-mean-token-mean"  # the paper's GRPO formula, a documented choice
-        assert cfg.algo.loss.dual_clip_c == 3.0  # verl's clip_ratio_c
+        assert (cfg.algo.loss.params.eps_low, cfg.algo.loss.params.eps_high) == (0.2, 0.28)
+        assert cfg.algo.loss.params.loss_agg == "seq-mean-token-mean"  # the paper's GRPO formula, a documented choice
+        assert cfg.algo.loss.params.dual_clip_c == 3.0  # verl's clip_ratio_c
     else:
-        assert (cfg.algo.loss.eps_low, cfg.algo.loss.eps_high) == (3e-4, 4e-4)
+        assert (cfg.algo.loss.params.eps_low, cfg.algo.loss.params.eps_high) == (3e-4, 4e-4)
     if algorithm == "hacpo":
-        assert (cfg.algo.loss.alpha, cfg.algo.loss.delta, cfg.algo.loss.delta_step) == (alpha, delta, delta_step)
+        assert (cfg.algo.loss.params.alpha, cfg.algo.loss.params.delta, cfg.algo.loss.params.delta_step) == (alpha, delta, delta_step)
 
 
 def test_the_evaluation_knows_every_pair_and_method():
@@ -86,7 +86,7 @@ def test_variables_and_trailing_flags_override(tmp_path):
     assert cfg.save_path == "/r" and cfg.generate_max_len == 4096 and cfg.max_steps == 6
     argv = _argv_of(tmp_path, "qwen3_1.7b_4b", "grpo", env={"GENERATE_MAX_LEN": "8196"})
     cfg = build_config([*argv, "--loss_agg", "token-mean"])
-    assert cfg.generate_max_len == cfg.eval_generate_max_len == 8196 and cfg.algo.loss.loss_agg == "token-mean"
+    assert cfg.generate_max_len == cfg.eval_generate_max_len == 8196 and cfg.algo.loss.params.loss_agg == "token-mean"
 
 
 @pytest.mark.parametrize("method", ["gspo", "gspo_x2", "grpo"])

@@ -68,12 +68,12 @@ def test_keeps_engine_logps_and_the_refusals_name_the_flags():
         build_config(BASE + ["--rollout_is"])
     with pytest.raises(ValueError, match="--rollout_is needs --temperature 1, got --temperature 0.7"):
         build_config(BASE + ENGINES + ["--rollout_is", "--temperature", "0.7"])
-    with pytest.raises(ValueError, match=r"--rollout_is_mode \(PolicyLossConfig.rollout_is_mode\) = 'mask' sets the "
+    with pytest.raises(ValueError, match=r"--rollout_is_mode \(PolicyLossConfig.params.rollout_is_mode\) = 'mask' sets the "
                                          r"training-inference correction, which is off: turn it on with --rollout_is"):
         build_config(BASE + ENGINES + ["--rollout_is_mode", "mask"])
     with pytest.raises(ValueError, match=r"--rollout_is_threshold_lower .* is a bound of the mask mode"):
         build_config(BASE + ENGINES + ["--rollout_is", "--rollout_is_threshold_lower", "0.5"])
-    with pytest.raises(ValueError, match=r"--rollout_is_threshold \(PolicyLossConfig.rollout_is_threshold\) must be "
+    with pytest.raises(ValueError, match=r"--rollout_is_threshold \(PolicyLossConfig.params.rollout_is_threshold\) must be "
                                          r">= 1, got 0.8"):
         build_config(BASE + ENGINES + ["--rollout_is", "--rollout_is_threshold", "0.8"])
 
