@@ -259,7 +259,7 @@ def record_memory(report: Report, configuration: str, flags: list[str], run: Pat
 
     cfg = build_config(flags)
     layouts = agent_layouts(cfg, plan_agents(cfg, on_gpu=True), load_model_configs(cfg))
-    plan = plan_run(layouts, None, shared_gpu=not cfg.use_ray)
+    plan = plan_run(layouts, None, shared_gpu=not cfg.cluster.use_ray)
     metrics = _records(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else {}
     rows = []
     for agent in cfg.agent_names:

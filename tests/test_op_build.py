@@ -50,7 +50,7 @@ import torch
 from openrlhf_hacpo.actors.deepspeed_setup import init_agent_process_group
 from openrlhf_hacpo.cli.train_hacpo import build_config
 cfg = build_config(["--prompt_data", "x.jsonl", "--agent", "name=a,pretrain=x", "--no_ray"])
-init_agent_process_group(cfg, cfg.resolved_agents()[0], 0, 1, "127.0.0.1", None, torch.device("cpu"))
+init_agent_process_group(cfg, cfg.resolved_agents[0], 0, 1, "127.0.0.1", None, torch.device("cpu"))
 """
 
 

@@ -30,14 +30,16 @@ def test_trainer_argv_parses_into_the_preset_hyperparameters(tmp_path):
         train = build_config(trainer_argv(cfg, paths, data))
         assert train.agent_names == ["llamaS", "qwenM"]
         assert train.algo.algorithm == algorithm and train.algo.loss.params.kl_coef == 0
-        assert train.rows_per_learner == rows and train.train_batch_size == rows and train.updates_per_step == 1
-        assert train.micro_train_batch_size == 32                               # extra flags win
-        assert (train.n_samples_per_prompt, train.rollout_batch_size, train.max_steps) == (8, 16, 80)
-        assert (train.actor_learning_rate, train.lr_warmup_steps, train.max_norm) == (3e-4, 10, 1.0)
-        assert train.adam_betas == (0.9, 0.99) and train.l2 == 0 and train.temperature == 1.0
-        assert train.generate_max_len == 40 and train.eval_steps == 10 and train.seed == 5
-        assert train.reward_fn == "arithmetic" and train.apply_chat_template
-        assert train.save_path == str(tmp_path / algorithm)
+        assert train.rows_per_learner == rows and train.train.train_batch_size == rows and train.updates_per_step == 1
+        assert train.train.micro_train_batch_size == 32                               # extra flags win
+        assert (train.rollout.n_samples_per_prompt, train.rollout.rollout_batch_size, train.train.max_steps) == (
+            8, 16, 80)
+        assert (train.agent_defaults.learning_rate, train.optim.lr_warmup_steps, train.optim.max_norm) == (
+            3e-4, 10, 1.0)
+        assert train.optim.adam_betas == (0.9, 0.99) and train.optim.l2 == 0 and train.rollout.temperature == 1.0
+        assert train.prompts.generate_max_len == 40 and train.eval.eval_steps == 10 and train.train.seed == 5
+        assert train.rewards.reward_fn == "arithmetic" and train.prompts.apply_chat_template
+        assert train.outputs.save_path == str(tmp_path / algorithm)
 
 
 def test_main_job_config_validation(tmp_path):

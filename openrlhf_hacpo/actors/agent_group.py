@@ -57,12 +57,12 @@ class AgentGroup:
         self.cfg = cfg
         self.plan = plan
         self.index = plan.index
-        self.agent: AgentConfig = cfg.resolved_agents()[plan.index]  # model and tokenizer settings
+        self.agent: AgentConfig = cfg.resolved_agents[plan.index]  # model and tokenizer settings
         self.name = plan.name
         self.total_updates = total_updates
         self.use_gpu = plan.on_gpu
-        self.use_ray = cfg.use_ray
-        self.timeout_s: float | None = cfg.step_timeout
+        self.use_ray = cfg.cluster.use_ray
+        self.timeout_s: float | None = cfg.cluster.step_timeout
         self.policies: list[Any] = []
         self.reference: Any = None
         self.engines: list[Any] = []

@@ -40,8 +40,9 @@ class AgentLaunch:
         group = self.group
         agent, cfg = group.agent, group.cfg
         return dict(bf16=agent.bf16, attn_implementation=agent.attn_implementation,
-                    micro_batch_size=cfg.micro_train_batch_size, logprob_path=cfg.logprob_path,
-                    kernel_backend=cfg.kernel_backend, device=cfg.device, offload=group.plan.ref_reward_offload)
+                    micro_batch_size=cfg.train.micro_train_batch_size, logprob_path=cfg.compute.logprob_path,
+                    kernel_backend=cfg.compute.kernel_backend, device=cfg.cluster.device,
+                    offload=group.plan.ref_reward_offload)
 
     def _local(self) -> Pending:
         from openrlhf_hacpo.actors.reference import ReferenceWorker
@@ -140,12 +141,13 @@ class AgentLaunch:
             import os
 
             kwargs["cpu_omp_threads_binds"] = plan.cpu_core_binds(os.sched_getaffinity(0))
-            kwargs["single_process"] = cfg.vllm_cpu_single_process
+            kwargs["single_process"] = cfg.engines.vllm_cpu_single_process
         group.engines = create_vllm_engines(
             plan.vllm_engines, plan.tp, group.agent.pretrain,
-            seed=cfg.seed + 1000 * plan.index,
+            seed=cfg.train.seed + 1000 * plan.index,
             # room for the longest response asked for: rollouts or (possibly longer) evaluation responses
-            max_model_len=cfg.prompt_max_len + max(cfg.generate_max_len, cfg.eval_generate_max_len or 0),
+            max_model_len=cfg.prompts.prompt_max_len + max(cfg.prompts.generate_max_len,
+                                                           cfg.eval.eval_generate_max_len or 0),
             use_gpu=plan.on_gpu, num_cpus_per_engine=0.0, placement_timeout_s=group.placement_timeout_s,
             name_prefix=None, **kwargs)
         group.rollouts.engines_created()
@@ -179,7 +181,7 @@ class AgentLaunch:
 
             strategy = PlacementGroupSchedulingStrategy(placement_group=self.policy_group,
                                                         placement_group_bundle_index=0)
-        group.engines = [create_hf_engine(group.agent, plan.engine_dtype, seed=group.cfg.seed + 1000 * plan.index,
+        group.engines = [create_hf_engine(group.agent, plan.engine_dtype, seed=group.cfg.train.seed + 1000 * plan.index,
                                           core_share=plan.core_share(plan.dp), scheduling_strategy=strategy)]
 
     def _hf_engines_ready(self) -> None:

@@ -209,19 +209,20 @@ def plan_agents(cfg: TrainConfig, on_gpu: bool) -> list[AgentPlan]:
     Raises ``ValueError`` for a layout no worker could start in: ``hf_engine`` on GPUs (its engine runs on CPU
     cores), and the engine settings :func:`~openrlhf_hacpo.engines.settings.resolve_engine_settings` refuses (sleep
     mode on CPU engines)."""
-    agents = cfg.resolved_agents()
-    vllm = cfg.rollout_backend == "vllm"
-    if on_gpu and cfg.rollout_backend == "hf_engine":
+    agents, backend = cfg.resolved_agents, cfg.rollout.rollout_backend
+    vllm = backend == "vllm"
+    if on_gpu and backend == "hf_engine":
         raise ValueError(f"agent {agents[0].name!r}: --rollout_backend hf_engine runs its engine on CPU cores; on GPUs "
                          "use --rollout_backend vllm (engine actors on GPUs) or hf (generate on the policy's GPU)")
     engines = tuple(a.vllm_num_engines if vllm else 0 for a in agents)
     settings = None
     if vllm:
-        settings = resolve_engine_settings(on_gpu, on_gpu and cfg.colocate_all_models, cfg.vllm_enforce_eager,
-                                           cfg.vllm_gpu_memory_utilization, cfg.vllm_enable_sleep)
+        engine = cfg.engines
+        settings = resolve_engine_settings(on_gpu, on_gpu and engine.colocate_all_models, engine.vllm_enforce_eager,
+                                           engine.vllm_gpu_memory_utilization, engine.vllm_enable_sleep)
     return [AgentPlan(
-        name=agent.name, index=index, dp=agent.dp_size, backend=cfg.rollout_backend, vllm_engines=engines[index],
-        tp=agent.vllm_tensor_parallel_size, on_gpu=on_gpu, colocate=cfg.colocate_all_models,
+        name=agent.name, index=index, dp=agent.dp_size, backend=backend, vllm_engines=engines[index],
+        tp=agent.vllm_tensor_parallel_size, on_gpu=on_gpu, colocate=cfg.engines.colocate_all_models,
         kl=cfg.algo.loss.uses_kl,
         lora=LoraPlan(rank=int(agent.lora_rank or 0), alpha=agent.lora_alpha, dropout=agent.lora_dropout,
                       target_modules=agent.target_modules),

@@ -87,7 +87,7 @@ class AgentRollout:
             generated()
             return outputs
 
-        generation = group.call(engines, engine_class(cfg.rollout_backend).generate,
+        generation = group.call(engines, engine_class(cfg.rollout.rollout_backend).generate,
                                 [([rendered.ids[i] for i in shard], shard_sampling(sampling, e))
                                  for e, shard in enumerate(engine_shards)], group.engine_role, generation_done)
         outputs = generation.parts
@@ -103,8 +103,8 @@ class AgentRollout:
             combined = stamped(scoring.combine(parts), version)
             if behaviour:
                 attach_behaviour_logps(group.name, combined.trajectories, engine_shards, outputs,
-                                       cfg.n_samples_per_prompt)
-            engine_s = group.call(engines, engine_class(cfg.rollout_backend).last_generate_seconds,
+                                       cfg.rollout.n_samples_per_prompt)
+            engine_s = group.call(engines, engine_class(cfg.rollout.rollout_backend).last_generate_seconds,
                                   [()] * len(engines), group.engine_role, max).result()
             return replace(combined, timings={**combined.timings, **timer.seconds, "engine_generate": engine_s})
 
@@ -127,7 +127,7 @@ class AgentRollout:
             shards = split_shards(list(range(len(prompts))), len(group.engines))
             args = [([prompt_ids[i] for i in shard], shard_sampling(sampling, e)) for e, shard in enumerate(shards)]
             workers, role = group.engines, group.engine_role
-            method = engine_class(group.cfg.rollout_backend).generate
+            method = engine_class(group.cfg.rollout.rollout_backend).generate
         else:
             shards = split_shards(list(range(len(prompts))), len(group.policies))
             args = [([prompts[i] for i in shard], shard_sampling(sampling, r)) for r, shard in enumerate(shards)]

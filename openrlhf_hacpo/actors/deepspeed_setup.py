@@ -145,7 +145,7 @@ def build_ds_config(cfg: TrainConfig, agent: AgentConfig, *, gloo: bool = False)
     when the tensors are read, and a weight read back holds stale memory in places (seen on a layer-norm weight of a
     two-rank run on a loaded machine). The sequential path waits on every gather.
     """
-    gas = cfg.train_batch_size // (cfg.micro_train_batch_size * agent.dp_size)
+    gas = cfg.train.train_batch_size // (cfg.train.micro_train_batch_size * agent.dp_size)
     zero: dict[str, Any] = {"stage": agent.zero_stage, "overlap_comm": False, "contiguous_gradients": True}
     if agent.zero_stage == 3:
         zero.update(stage3_param_persistence_threshold=0, stage3_gather_16bit_weights_on_model_save=True)
@@ -156,10 +156,10 @@ def build_ds_config(cfg: TrainConfig, agent: AgentConfig, *, gloo: bool = False)
     if agent.param_offload:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return {
-        "train_batch_size": cfg.train_batch_size,
-        "train_micro_batch_size_per_gpu": cfg.micro_train_batch_size,
+        "train_batch_size": cfg.train.train_batch_size,
+        "train_micro_batch_size_per_gpu": cfg.train.micro_train_batch_size,
         "gradient_accumulation_steps": gas,
-        "gradient_clipping": cfg.max_norm,
+        "gradient_clipping": cfg.optim.max_norm,
         "zero_optimization": zero,
         "bf16": {"enabled": bool(agent.bf16)},
         "zero_allow_untested_optimizer": True,
@@ -171,11 +171,11 @@ def build_ds_config(cfg: TrainConfig, agent: AgentConfig, *, gloo: bool = False)
 def _lr_scheduler(cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_updates: int):
     from transformers import get_scheduler
 
-    name = cfg.lr_scheduler
+    name = cfg.optim.lr_scheduler
     kwargs: dict[str, Any] = {}
     if name == "cosine":
-        name, kwargs = "cosine_with_min_lr", {"min_lr_rate": cfg.min_lr_ratio}
-    warmup = cfg.lr_warmup_steps if name != "constant" else None
+        name, kwargs = "cosine_with_min_lr", {"min_lr_rate": cfg.optim.min_lr_ratio}
+    warmup = cfg.optim.lr_warmup_steps if name != "constant" else None
     return get_scheduler(name, optimizer, num_warmup_steps=warmup, num_training_steps=max(total_updates, 1),
                          scheduler_specific_kwargs=kwargs or None)
 
@@ -203,7 +203,7 @@ def init_agent_process_group(cfg: TrainConfig, agent: AgentConfig, rank: int, wo
                 f"agent {agent.name!r}: this process already belongs to a process group of size "
                 f"{torch.distributed.get_world_size()}, expected {world_size}")
         return
-    os.environ["MASTER_ADDR"] = master_addr or cfg.bind_host
+    os.environ["MASTER_ADDR"] = master_addr or cfg.cluster.bind_host
     os.environ["MASTER_PORT"] = str(master_port or free_port(os.environ["MASTER_ADDR"]))
     if "GLOO_SOCKET_IFNAME" not in os.environ:
         # gloo's pair connections leave through this rank's own address: loopback when the group meets on loopback
@@ -294,7 +294,7 @@ def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, lora: LoraPlan, to
     except OSError as err:
         raise FileNotFoundError(f"agent {agent.name!r}: cannot load the model from {agent.pretrain!r}: {err}") \
             from err
-    if hf_ds_config is not None and not cfg.use_ray:
+    if hf_ds_config is not None and not cfg.cluster.use_ray:
         # several agents share this process: ZeRO-3 partitioning must not leak into the next agent's load
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
@@ -303,8 +303,8 @@ def build_policy_engine(cfg: TrainConfig, agent: AgentConfig, lora: LoraPlan, to
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     model = apply_lora(model, lora, agent.name)  # rank > 0: a peft model whose adapter alone requires gradients
-    optimizer = build_optimizer(_grouped_parameters(model, cfg.l2), agent, agent.learning_rate,
-                                tuple(cfg.adam_betas))
+    optimizer = build_optimizer(_grouped_parameters(model, cfg.optim.l2), agent, agent.learning_rate,
+                                tuple(cfg.optim.adam_betas))
     scheduler = SkipAwareScheduler(_lr_scheduler(cfg, optimizer, total_updates), optimizer)
     engine, _, _, scheduler = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                                    config=ds_config, dist_init_required=False)

@@ -114,7 +114,7 @@ def finish_step(loop: UpdateSteps, pending: FirstPhase | None, old_means: Sequen
             raise ValueError(f"agent {loop.agent.name!r}: no finite old log-prob mean for trajectory {p} "
                              f"({row.prompt_id!r} from agent {row.source})")
     loop.check_batch(batch)
-    record_view_stats(batch, prepared.advantages, prepared.stats, [a.name for a in loop.cfg.resolved_agents()])
+    record_view_stats(batch, prepared.advantages, prepared.stats, [a.name for a in loop.cfg.resolved_agents])
     foreign = [j for j, r in enumerate(update.share.rows) if not r.is_own]
     timer = prepared.timer
     if loop.cfg.trains_on_foreign:  # else phase 1 took the optimizer step
@@ -184,7 +184,7 @@ def _score(loop: UpdateSteps, rows: LearnerBatch, filler: LearnerBatch) -> dict[
     same number of forwards (ZeRO-3's gathers are collective: a rank with fewer forwards one row of ``filler``)."""
     cfg = loop.cfg
     groups = micro_batch_groups([len(r.prompt_ids) for r in rows.rows], [len(r.response_ids) for r in rows.rows],
-                                cfg.micro_train_batch_size, cfg.length_grouping) if len(rows) else []
+                                cfg.train.micro_train_batch_size, cfg.compute.length_grouping) if len(rows) else []
     count = agree_on_count(len(groups), loop.world_size, loop.device)
     out: dict[int, torch.Tensor] = {}
     for g in range(count):

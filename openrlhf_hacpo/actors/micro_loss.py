@@ -35,7 +35,7 @@ def loss_of(loss_fn: Callable[..., PolicyLossOutput], cfg: TrainConfig, micro: M
         ref = micro.ref_logp if micro.ref_logp is not None else pad_values(
             [ref_logp[i] if own else None for i, own in zip(micro.rows, micro.own)], mask.shape[1]).to(mask.device)
     inp = micro.loss_input(logp, m, totals, ref_logp=ref, token_level=cfg.algo.token_level_ratios)
-    out = loss_fn(inp, cfg.algo.loss, backend=cfg.kernel_backend, params=params, check=False)
+    out = loss_fn(inp, cfg.algo.loss, backend=cfg.compute.kernel_backend, params=params, check=False)
     values = logp.detach()
     finite = torch.isfinite(torch.where(mask > 0, values, torch.zeros_like(values))).all() \
         & torch.isfinite(out.loss.detach())

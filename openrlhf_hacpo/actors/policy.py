@@ -58,7 +58,7 @@ class PolicyWorker:
         self.cfg = cfg
         self.plan = plan
         self.agent_index = plan.index
-        self.agent = cfg.resolved_agents()[plan.index]  # model, tokenizer and optimizer settings
+        self.agent = cfg.resolved_agents[plan.index]  # model, tokenizer and optimizer settings
         self.rank, self.world_size = rank, world_size
         self.master_addr, self.master_port = master_addr, master_port
         self.total_updates = total_updates
@@ -69,7 +69,7 @@ class PolicyWorker:
         (:func:`~openrlhf_hacpo.utils.network.rendezvous_host`)."""
         import ray
 
-        address = rendezvous_host(started_local_ray, self.cfg.bind_host, ray.util.get_node_ip_address())
+        address = rendezvous_host(started_local_ray, self.cfg.cluster.bind_host, ray.util.get_node_ip_address())
         return address, free_port(address)
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> WorkerInfo:
@@ -84,7 +84,7 @@ class PolicyWorker:
         if master_addr is not None:
             self.master_addr, self.master_port = master_addr, master_port
         agent = self.agent
-        self.device = actor_device(self.cfg.device)
+        self.device = actor_device(self.cfg.cluster.device)
         init_agent_process_group(self.cfg, agent, self.rank, self.world_size, self.master_addr, self.master_port,
                                  self.device)
         self.tokenizer = load_tokenizer(agent.tokenizer_path, agent.chat_template, owner=f"agent {agent.name!r}")
@@ -103,13 +103,13 @@ class PolicyWorker:
         self._first_phase: first_update.FirstPhase | None = None  # a step between train_own_rows_first and finish
         self.updater = UpdateLoop(self.cfg, agent, self.agent_index, self.rank, self.world_size, self.engine,
                                   self.client_optimizer, self.tokenizer, view_config(self.cfg), self.device)
-        if self.cfg.old_logp_from_update:
+        if self.cfg.compute.old_logp_from_update:
             first_update.check_dropout_free(self.model, agent.name)
         self.io = PolicyIO(agent, self.engine, self.tokenizer, self.rank, self.world_size, self.device)
         if self.plan.adapter_reference:  # the plan launched no reference worker: the adapter-off model is it
             self.updater.reference = AdapterDisabledReference(
-                self.model, self.pad_token_id, self.cfg.micro_train_batch_size, self.device,
-                logprob_path=self.cfg.logprob_path, kernel_backend=self.cfg.kernel_backend)
+                self.model, self.pad_token_id, self.cfg.train.micro_train_batch_size, self.device,
+                logprob_path=self.cfg.compute.logprob_path, kernel_backend=self.cfg.compute.kernel_backend)
         return WorkerInfo(agent=agent.name, rank=self.rank,
                           num_parameters=sum(p.numel() for p in self.model.parameters()),
                           vocab_size=len(self.tokenizer), eos_token_ids=tuple(eos_token_ids), device=str(self.device))

@@ -24,11 +24,11 @@ __all__ = ["RenderedPrompts", "RolloutScorer", "mismatch_rows", "mismatch_sampli
 def view_config(cfg: TrainConfig) -> LearnerViewConfig:
     """How trajectories become token rows for a learner (prompt rendering, EOS policy, truncation)."""
     return LearnerViewConfig(
-        eos_policy=cfg.eos_policy,
-        prompt_max_len=cfg.prompt_max_len,
-        generate_max_len=cfg.generate_max_len,
-        apply_chat_template=cfg.apply_chat_template,
-        enable_thinking=cfg.enable_thinking if cfg.apply_chat_template else None,
+        eos_policy=cfg.rollout.eos_policy,
+        prompt_max_len=cfg.prompts.prompt_max_len,
+        generate_max_len=cfg.prompts.generate_max_len,
+        apply_chat_template=cfg.prompts.apply_chat_template,
+        enable_thinking=cfg.prompts.enable_thinking if cfg.prompts.apply_chat_template else None,
         own_old_logp_from_engine=cfg.resolved_own_old_logp == "behaviour",
     )
 
@@ -38,7 +38,7 @@ def mismatch_sampling(cfg: TrainConfig, sampling: SamplingConfig) -> SamplingCon
     them with the scoring pass (``--mismatch_metrics`` at ``--temperature 1``: the engines' log-probs are
     temperature-1 ones, the recompute is at the rollout temperature). Same tokens either way: the engines record
     the log-probs beside sampling without drawing from the random stream."""
-    if cfg.mismatch_metrics and cfg.temperature == 1.0 and not cfg.old_logp_from_update:
+    if cfg.engines.mismatch_metrics and cfg.rollout.temperature == 1.0 and not cfg.compute.old_logp_from_update:
         return replace(sampling, return_logprobs=True)
     return sampling
 
@@ -84,7 +84,7 @@ class RolloutScorer:
 
     def prompt_ids(self, prompts: Sequence[Any]) -> list[list[int]]:
         """Prompt ids for generation: the agent's own rendering, left-truncated to ``prompt_max_len``."""
-        return [render_prompt_ids(r.prompt, self.tokenizer, self.view_cfg)[-self.cfg.prompt_max_len:]
+        return [render_prompt_ids(r.prompt, self.tokenizer, self.view_cfg)[-self.cfg.prompts.prompt_max_len:]
                 for r in prompts]
 
     def prompt_texts(self, prompts: Sequence[Any]) -> list[str]:
@@ -94,19 +94,19 @@ class RolloutScorer:
     def render(self, prompts: Sequence[Any]) -> RenderedPrompts:
         """Each prompt's text (chat template applied once) and its ids for generation (left-truncated)."""
         texts = self.prompt_texts(prompts)
-        ids = [encode_prompt_text(t, self.tokenizer, self.view_cfg)[-self.cfg.prompt_max_len:] for t in texts]
+        ids = [encode_prompt_text(t, self.tokenizer, self.view_cfg)[-self.cfg.prompts.prompt_max_len:] for t in texts]
         return RenderedPrompts(ids=ids, texts=texts)
 
     def scoring_positions(self, rendered: RenderedPrompts, outputs: Sequence[GenerationOutput]) -> tuple[int, int]:
         """(token positions, real tokens) that :meth:`trajectories`' scoring pass computes: its micro-batches are
         those of :func:`~openrlhf_hacpo.models.score_logprobs` (same rows, size and grouping); (0, 0) when the
         learner scores its own rows (``old_logp_from_update``)."""
-        if self.cfg.old_logp_from_update:
+        if self.cfg.compute.old_logp_from_update:
             return 0, 0
         prompt_lengths = [len(rendered.ids[o.prompt_index]) for o in outputs]
         response_lengths = [len(o.response_token_ids) for o in outputs]
-        groups = micro_batch_groups(prompt_lengths, response_lengths, self.cfg.micro_train_batch_size,
-                                    self.cfg.length_grouping)
+        groups = micro_batch_groups(prompt_lengths, response_lengths, self.cfg.train.micro_train_batch_size,
+                                    self.cfg.compute.length_grouping)
         return packed_positions(prompt_lengths, response_lengths, groups)
 
     def trajectories(self, model: Any, prompts: Sequence[Any], rendered: RenderedPrompts,
@@ -119,7 +119,7 @@ class RolloutScorer:
         cfg = self.cfg
         with timer.phase("scoring"):
             logps: list = [None] * len(outputs)
-            if not cfg.old_logp_from_update:
+            if not cfg.compute.old_logp_from_update:
                 logps = self.score(model, [rendered.ids[o.prompt_index] for o in outputs],
                                    [list(o.response_token_ids) for o in outputs], device)
             trajs = []
@@ -129,7 +129,7 @@ class RolloutScorer:
                     prompt_id=record.prompt_id, prompt=record.prompt, label=record.label, source=self.agent_index,
                     step=step, token_ids=out.response_token_ids, token_logps=logp,  # kept as the float32 tensor
                     eos_token_id=self.eos_token_ids,
-                    eos_policy=cfg.eos_policy, tokenizer=self.tokenizer, finish_reason=out.finish_reason,
+                    eos_policy=cfg.rollout.eos_policy, tokenizer=self.tokenizer, finish_reason=out.finish_reason,
                     metadata={"prompt_text": rendered.texts[out.prompt_index], "sample_index": out.sample_index},
                 ))
         return trajs
@@ -141,8 +141,9 @@ class RolloutScorer:
         cfg = self.cfg
         model.eval()
         try:
-            return score_logprobs(model, prompt_ids, response_ids, int(self.tokenizer.pad_token_id), cfg.temperature,
-                                  cfg.micro_train_batch_size, device, path=cfg.logprob_path,
-                                  backend=cfg.kernel_backend, group_by_length=cfg.length_grouping)
+            return score_logprobs(model, prompt_ids, response_ids, int(self.tokenizer.pad_token_id),
+                                  cfg.rollout.temperature, cfg.train.micro_train_batch_size, device,
+                                  path=cfg.compute.logprob_path, backend=cfg.compute.kernel_backend,
+                                  group_by_length=cfg.compute.length_grouping)
         finally:
             model.train()

@@ -95,13 +95,13 @@ class UpdateLoop:
         must then be scored already: gspo and grpo read none) and the result carries the own rows' old log-prob
         sums.
         """
-        if self.cfg.old_logp_from_update:
+        if self.cfg.compute.old_logp_from_update:
             phase = first_update.own_rows_first(self, trajectories, step, ratios)
             result = first_update.finish_step(self, phase, first_update.old_means_of(trajectories, phase.old_logps))
             return replace(result, old_logp_sums=first_update.old_logp_sums(phase.old_logps))
         prepared = self.prepare(trajectories, step, ratios)
         record_view_stats(prepared.batch, prepared.advantages, prepared.stats,
-                          [a.name for a in self.cfg.resolved_agents()])
+                          [a.name for a in self.cfg.resolved_agents])
         return self.run_updates(prepared)
 
     def prepare(self, trajectories: Sequence[Trajectory], step: int, ratios: CapabilityRatios) -> PreparedStep:
@@ -167,7 +167,7 @@ class UpdateLoop:
                              f"from agent {missing[0].source}): the rollout attaches them when "
                              "TrainConfig.keeps_engine_logps")
         whole = batch.whole_loss_input()
-        if self.cfg.old_logp_from_update:  # means not known yet are checked when they arrive (first_update)
+        if self.cfg.compute.old_logp_from_update:  # means not known yet are checked when they arrive (first_update)
             whole.old_logp_mean = torch.nan_to_num(whole.old_logp_mean, nan=0.0)
         check_policy_input(whole)
         self.loss.check_rows(whole.is_own)
@@ -225,7 +225,7 @@ class UpdateLoop:
         optimizer step runs after it, skipped on every rank if any micro-batch was not finite. ``micro_loss``
         replaces the forward and loss of a micro-batch (:mod:`.first_update`)."""
         cfg, engine = self.cfg, self.engine
-        micros = rows.micro_batches(cfg.micro_train_batch_size, group_by_length=cfg.length_grouping) \
+        micros = rows.micro_batches(cfg.train.micro_train_batch_size, group_by_length=cfg.compute.length_grouping) \
             if len(rows) else []
         count = agree_on_count(max(len(micros), int(boundary)), self.world_size, self.device)
         for i in range(count):
@@ -280,8 +280,8 @@ class UpdateLoop:
     # ------------------------------------------------------------------------------------------------ the loss
     def forward(self, micro: MicroBatch, with_entropy: bool = False) -> Any:
         """Response log-probs (and entropies) of a packed micro-batch under the current policy."""
-        return response_logprobs(self.engine, micro.packed, self.cfg.temperature, with_entropy=with_entropy,
-                                 path=self.cfg.logprob_path, backend=self.cfg.kernel_backend)
+        return response_logprobs(self.engine, micro.packed, self.cfg.rollout.temperature, with_entropy=with_entropy,
+                                 path=self.cfg.compute.logprob_path, backend=self.cfg.compute.kernel_backend)
 
     def micro_loss(self, micro: MicroBatch, m: int, totals: LossTotals, ref_logp: dict[int, torch.Tensor],
                    params: Any = None) -> tuple[torch.Tensor, PolicyLossOutput | None]:

@@ -18,11 +18,11 @@ def plan_updates(batch: LearnerBatch, cfg: TrainConfig, agent: AgentConfig, step
                  world_size: int) -> list[LearnerBatch]:
     """The step's global mini-batches in update order m = 0, 1, ... (``max_epochs`` passes over the batch, each cut
     into ``len(batch) // train_batch_size`` mini-batches by ``--minibatch_order``)."""
-    num_minibatches = len(batch) // cfg.train_batch_size
+    num_minibatches = len(batch) // cfg.train.train_batch_size
     plan = []
-    for epoch in range(cfg.max_epochs):
-        seed = derive_seed(cfg.seed, "minibatch", step, agent.name, epoch)
-        plan.extend(batch.split_minibatches(num_minibatches, order=cfg.minibatch_order, seed=seed,
+    for epoch in range(cfg.train.max_epochs):
+        seed = derive_seed(cfg.train.seed, "minibatch", step, agent.name, epoch)
+        plan.extend(batch.split_minibatches(num_minibatches, order=cfg.train.minibatch_order, seed=seed,
                                             dp_chunks=world_size))
     return plan
 
@@ -48,8 +48,8 @@ def reference_logprobs(reference: Any, plan: list[LearnerBatch], cfg: TrainConfi
             if row.is_own or every_row:
                 wanted[index] = row
     indices = sorted(wanted)
-    args = ([wanted[i].prompt_ids for i in indices], [wanted[i].response_ids for i in indices], cfg.temperature,
-            cfg.length_grouping)
+    args = ([wanted[i].prompt_ids for i in indices], [wanted[i].response_ids for i in indices], cfg.rollout.temperature,
+            cfg.compute.length_grouping)
     if hasattr(reference.compute_logprobs, "remote"):
         import ray
 

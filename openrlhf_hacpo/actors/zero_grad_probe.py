@@ -61,7 +61,7 @@ row."""
 def probe_enabled(cfg: TrainConfig) -> bool:
     """Whether foreign rows are tested for zero gradient (sequence ratios only). Decided by the config alone, so every
     rank of an agent probes (ZeRO-3's gathers are collective)."""
-    return cfg.skip_zero_grad_rows and cfg.trains_on_foreign and not cfg.algo.token_level_ratios
+    return cfg.compute.skip_zero_grad_rows and cfg.trains_on_foreign and not cfg.algo.token_level_ratios
 
 
 @dataclass
@@ -88,7 +88,7 @@ class ZeroGradProbe:
         loop, cfg = self.loop, self.loop.cfg
         groups = micro_batch_groups([len(share.rows[i].prompt_ids) for i in foreign],
                                     [len(share.rows[i].response_ids) for i in foreign],
-                                    cfg.micro_train_batch_size, cfg.length_grouping)
+                                    cfg.train.micro_train_batch_size, cfg.compute.length_grouping)
         count = agree_on_count(len(groups), loop.world_size, loop.device)
         result = ProbeResult()
         for g in range(count):
@@ -133,8 +133,8 @@ class ZeroGradProbe:
                                   engine_logp=_tripled(micro.engine_logp),
                                   engine_logp_mean=_tripled(micro.engine_logp_mean),
                                   old_logp=_tripled(micro.old_logp) if micro.engine_logp is not None else None)
-            out = loop.loss_fn(inp, loop.cfg.algo.loss, backend=loop.cfg.kernel_backend, params=_without_kl(params),
-                               check=False, metrics=False)
+            out = loop.loss_fn(inp, loop.cfg.algo.loss, backend=loop.cfg.compute.kernel_backend,
+                               params=_without_kl(params), check=False, metrics=False)
             (grad,) = torch.autograd.grad(out.loss, probe)
         has_grad = (grad * _tripled(mask) != 0).any(dim=1).view(len(shifts), -1).any(dim=0)
         finite = torch.isfinite(torch.where(mask > 0, logp, torch.zeros_like(logp))).all()

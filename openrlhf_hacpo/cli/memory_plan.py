@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = build_config(argv)
         layouts = agent_layouts(cfg, plan_agents(cfg, on_gpu=True), load_model_configs(cfg))
-        plan = plan_run(layouts, gpu_bytes_of(cfg), shared_gpu=not cfg.use_ray)
+        plan = plan_run(layouts, gpu_bytes_of(cfg), shared_gpu=not cfg.cluster.use_ray)
     except (ValueError, OSError) as err:  # bad settings; a model folder or hub id without a readable config
         print(f"memory_plan: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2

@@ -187,7 +187,7 @@ def build_config(argv: Sequence[str] | None = None) -> TrainConfig:
     _check_algorithm_flags(preset, args.algorithm, given)
     config = nest(values)
     algo = HACPOConfig.from_dict({"algorithm": args.algorithm, **config.pop("algo", {})})
-    return TrainConfig(agents=agents, algo=algo, **config)
+    return TrainConfig.from_dict({"agents": agents, "algo": algo, **config})
 
 
 def run(argv: Sequence[str] | None = None):

@@ -94,7 +94,7 @@ class HACPOController:
         self.metrics: MetricsLogger | None = None
         self.evaluator: Evaluator | None = None
         self._ready = False
-        lock = RunLock(cfg.save_path)
+        lock = RunLock(cfg.outputs.save_path)
         self.cluster = RunCluster(cfg, lock)  # Ray, the device, the agents' plans, where the workers landed
         # taken before preflight resolves hub ids to local folders, so a resume compares the settings as given
         self.fingerprint = config_fingerprint(cfg)
@@ -104,7 +104,7 @@ class HACPOController:
         self.argv: list[str] | None = None
         # --one_step_off: the next step's batch, generated while this step trained (trainer/in_flight.py)
         self.in_flight: GeneratedBatch | None = None
-        self.reward_watch = RewardStallWatcher(cfg.agent_names, cfg.reward_fn, cfg.reward_stall_steps)
+        self.reward_watch = RewardStallWatcher(cfg.agent_names, cfg.rewards.reward_fn, cfg.rewards.reward_stall_steps)
 
     # the run folder's lock, the newest complete checkpoint, <save_path>/train.log (RunCheckpoints)
     lock = property(lambda self: self.checkpoints.lock)
@@ -118,8 +118,8 @@ class HACPOController:
 
     @property
     def total_steps(self) -> int:
-        steps = len(self.dataloader) * self.cfg.num_episodes
-        return min(steps, self.cfg.max_steps) if self.cfg.max_steps is not None else steps
+        steps = len(self.dataloader) * self.cfg.train.num_episodes
+        return min(steps, self.cfg.train.max_steps) if self.cfg.train.max_steps is not None else steps
 
     def setup(self) -> None:
         """Preflight, start Ray (unless already running), plan every agent once and launch its workers where the
@@ -127,9 +127,9 @@ class HACPOController:
         if self._ready:
             return
         cfg = self.cfg
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed % 2**32)
-        torch.manual_seed(cfg.seed)
+        random.seed(cfg.train.seed)
+        np.random.seed(cfg.train.seed % 2**32)
+        torch.manual_seed(cfg.train.seed)
         self.checkpoints.prepare()
         resolve_hub_models(cfg)
         resolve_attention(cfg)
@@ -146,20 +146,22 @@ class HACPOController:
         self.cluster.record_worker_nodes(self.groups)
         if all(p.nodes is None for p in plans):  # Ray placed the workers (one node): check where they landed
             self.cluster.check_shared_folders(worker_node_ids(self.cluster.placement))
-        self.reward_runner = RewardRunner(cfg.reward_fn, num_workers=cfg.reward_num_workers,
-                                          timeout_s=cfg.reward_timeout)
+        self.reward_runner = RewardRunner(cfg.rewards.reward_fn, num_workers=cfg.rewards.reward_num_workers,
+                                          timeout_s=cfg.rewards.reward_timeout)
         if self.eval_records:
             self.evaluator = Evaluator(self.eval_records, self.reward_runner,
-                                       cfg.eval_generate_max_len or cfg.generate_max_len, cfg.eval_n_samples,
-                                       cfg.eval_temperature, cfg.seed)
+                                       cfg.eval.eval_generate_max_len or cfg.prompts.generate_max_len,
+                                       cfg.eval.eval_n_samples, cfg.eval.eval_temperature, cfg.train.seed)
         if self.checkpoints.resume_state is not None:
             self._resume()
         wandb = None
-        if cfg.use_wandb:
-            wandb = {"project": cfg.wandb_project, "name": cfg.wandb_run_name, "mode": cfg.wandb_mode,
+        if cfg.logging.use_wandb:
+            log = cfg.logging
+            wandb = {"project": log.wandb_project, "name": log.wandb_run_name, "mode": log.wandb_mode,
                      "config": cfg.to_dict()}
-        self.metrics = MetricsLogger(cfg.save_path, cfg.use_tensorboard, wandb, total_steps=self.total_steps,
-                                     show_progress=cfg.progress_bar, initial_step=self.step)
+        self.metrics = MetricsLogger(cfg.outputs.save_path, cfg.logging.use_tensorboard, wandb,
+                                     total_steps=self.total_steps, show_progress=cfg.logging.progress_bar,
+                                     initial_step=self.step)
         self._ready = True
 
     # ------------------------------------------------------------------------------------------------ loop
@@ -167,24 +169,24 @@ class HACPOController:
         """Train until ``max_steps`` or the end of the last episode; returns the per-step metric records."""
         self.setup()
         cfg = self.cfg
-        if self.evaluator is not None and cfg.eval_before_training and self.step == 0:
+        if self.evaluator is not None and cfg.eval.eval_before_training and self.step == 0:
             self.evaluate()
         while self.step < self.total_steps:
             records = self._guard(self.train_one_step, f"step {self.step + 1}")
             step = self.step
-            if step % cfg.logging_steps == 0 or step == self.total_steps:
+            if step % cfg.logging.logging_steps == 0 or step == self.total_steps:
                 self.metrics.log_step(step, records)
             self.metrics.advance(records)
-            if self.evaluator is not None and cfg.eval_steps > 0 and step % cfg.eval_steps == 0:
+            if self.evaluator is not None and cfg.eval.eval_steps > 0 and step % cfg.eval.eval_steps == 0:
                 self.evaluate()
-            if cfg.save_steps > 0 and step % cfg.save_steps == 0:
+            if cfg.outputs.save_steps > 0 and step % cfg.outputs.save_steps == 0:
                 self.save_checkpoint()
         if self.evaluator is not None and (not self.eval_history or self.eval_history[-1][0]["step"] != self.step):
             self.evaluate()
-        if cfg.save_final_checkpoint and (self.last_checkpoint is None
+        if cfg.outputs.save_final_checkpoint and (self.last_checkpoint is None
                                           or not self.last_checkpoint.name.endswith(f"step{self.step}")):
             self.save_checkpoint()
-        if cfg.save_hf:
+        if cfg.outputs.save_hf:
             self.save_hf()
         return self.history
 
@@ -217,7 +219,7 @@ class HACPOController:
             if batch.step != step:
                 raise TrainingError(f"step {step}: the batch in flight was generated for step {batch.step}")
             rollouts, trajectories = batch.rollouts, batch.trajectories
-            check_mismatch(step, rollouts, cfg.resolved_agents(), cfg)  # a broken weight sync stops here
+            check_mismatch(step, rollouts, cfg.resolved_agents, cfg)  # a broken weight sync stops here
             self.reward_watch.update(step, [[t.reward for t in trajectories if t.source == k]
                                             for k in range(cfg.num_agents)])
             self.store.add(trajectories)
@@ -234,8 +236,8 @@ class HACPOController:
             trained, self.in_flight = self._train_and_generate(step, trajectories, ratios, timer)
             for group in self.groups:  # the weights every learner now holds
                 group.policy_version = step
-            if cfg.save_rollouts:  # after training: with old_logp_from_update the learners scored them
-                self.store.dump_jsonl(step, Path(cfg.save_path) / "rollouts" / f"step_{step:06d}.jsonl")
+            if cfg.outputs.save_rollouts:  # after training: with old_logp_from_update the learners scored them
+                self.store.dump_jsonl(step, Path(cfg.outputs.save_path) / "rollouts" / f"step_{step:06d}.jsonl")
 
             # 5) weight sync to the rollout engines
             sync_s = [g.sync_weights() for g in self.groups]
@@ -258,7 +260,7 @@ class HACPOController:
 
     def _shared(self, trajectories: list[Any]) -> Any:
         """The step's trajectories as every learner receives them: with Ray one copy in the object store."""
-        if not self.cfg.use_ray:
+        if not self.cfg.cluster.use_ray:
             return trajectories
         import ray
 
@@ -274,14 +276,14 @@ class HACPOController:
         therefore run after the updates, at the new weights (``--own_old_logp recompute``), while the engines
         generate during the updates. The next batch's rewards are verified once its rollouts are in."""
         cfg = self.cfg
-        overlap = cfg.one_step_off and step < self.total_steps
+        overlap = cfg.train.one_step_off and step < self.total_steps
         rendered: list[Any] | None = None
         if overlap:
             prompts = self.dataloader.next_batch()
             rendered = wait_all([g.render_for_rollout(prompts) for g in self.groups])
         with timer.phase("train_phase"):
             shared = self._shared(trajectories)
-            if not cfg.old_logp_from_update:
+            if not cfg.compute.old_logp_from_update:
                 training = [g.train_step(shared, step, ratios) for g in self.groups]
                 generating = start_rollouts(cfg, self.groups, step + 1, prompts, rendered) if overlap else None
                 trained: list[TrainStepResult] = wait_all(training)
@@ -317,7 +319,7 @@ class HACPOController:
             "dataloader": self.dataloader.state_dict(),
             "tracker": self.tracker.state_dict(),
             "rng": capture_rng_state(cuda=False),
-            "seed": self.cfg.seed,
+            "seed": self.cfg.train.seed,
             "fingerprint": self.fingerprint,
             # --one_step_off: the next step's batch, generated by weights no checkpoint keeps
             **({"in_flight": self.in_flight.state_dict()} if self.in_flight is not None else {}),

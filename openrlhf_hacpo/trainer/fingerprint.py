@@ -18,11 +18,15 @@ from openrlhf_hacpo.config import TrainConfig
 
 __all__ = ["config_fingerprint", "fingerprint_differences"]
 
-_RUN_FIELDS = ("seed", "prompt_data", "input_key", "label_key", "max_samples", "apply_chat_template",
-               "prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size", "temperature",
-               "top_p", "top_k", "eos_policy", "reward_fn", "train_batch_size", "micro_train_batch_size",
-               "max_epochs", "minibatch_order", "lr_scheduler", "lr_warmup_steps", "min_lr_ratio", "max_norm",
-               "l2", "num_episodes")
+_RUN_FIELDS = {
+    "train": ("seed", "train_batch_size", "micro_train_batch_size", "max_epochs", "minibatch_order", "num_episodes"),
+    "prompts": ("prompt_data", "input_key", "label_key", "max_samples", "apply_chat_template", "prompt_max_len",
+                "generate_max_len"),
+    "rollout": ("n_samples_per_prompt", "rollout_batch_size", "temperature", "top_p", "top_k", "eos_policy"),
+    "rewards": ("reward_fn",),
+    "optim": ("lr_scheduler", "lr_warmup_steps", "min_lr_ratio", "max_norm", "l2"),
+}
+"""The run-wide settings fingerprinted, by section; each is stored under its name alone (``seed``, ``top_p``)."""
 _AGENT_FIELDS = ("pretrain", "tokenizer", "learning_rate", "zero_stage", "bf16", "dp_size")
 _LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
 """Fingerprinted for agents with ``lora_rank`` > 0 only, so full-parameter fingerprints stay as they were."""
@@ -35,18 +39,24 @@ fingerprints of runs without it stay as they were."""
 
 
 def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
-    """Flat ``{setting: value}`` of the settings that must match on resume (plain values, JSON- and pickle-safe)."""
+    """Flat ``{setting: value}`` of the settings that must match on resume (plain values, JSON- and pickle-safe).
+
+    The keys name each setting as the flat configuration did (``seed``, ``algo.loss.delta``,
+    ``agent.<name>.learning_rate``), whatever section holds it now, so checkpoints written before the sections
+    (``tests/testdata/checkpoint_58967b6``) resume without a migration."""
     algo = cfg.algo
     out: dict[str, Any] = {"agents": list(cfg.agent_names), "algo.algorithm": algo.algorithm}
     for section in ("capability", "advantage"):
         out.update({f"algo.{section}.{k}": _plain(v) for k, v in dataclasses.asdict(getattr(algo, section)).items()})
-    out.update({f"algo.loss.{k}": _plain(v) for k, v in algo.loss.settings().items()})  # its params by their names
+    out.update({f"algo.loss.{k}": _plain(v) for k, v in algo.loss.settings().items()})
     if not algo.loss.params.rollout_is:
         out = {k: v for k, v in out.items() if not k.startswith(_ROLLOUT_IS_PREFIX)}
-    out.update({name: _plain(getattr(cfg, name)) for name in _RUN_FIELDS})
-    if cfg.one_step_off:
+    for section, names in _RUN_FIELDS.items():
+        values = getattr(cfg, section)
+        out.update({name: _plain(getattr(values, name)) for name in names})
+    if cfg.train.one_step_off:
         out.update({"one_step_off": True, "own_old_logp": cfg.resolved_own_old_logp})
-    for agent in cfg.resolved_agents():
+    for agent in cfg.resolved_agents:
         out.update({f"agent.{agent.name}.{k}": _plain(getattr(agent, k)) for k in _AGENT_FIELDS})
         if agent.resolved_engine_dtype != agent.policy_dtype:  # engines in another precision than the policy
             out[f"agent.{agent.name}.engine_dtype"] = agent.resolved_engine_dtype  # (only then: fingerprints stay)

@@ -29,7 +29,7 @@ def detect_gpu_bytes(run: Callable[..., Any] = subprocess.run) -> int | None:
 
 def gpu_bytes_of(cfg: TrainConfig, detect: Callable[[], int | None] = detect_gpu_bytes) -> int | None:
     """``--gpu_memory_gb`` (GiB) when given, else :func:`detect_gpu_bytes`."""
-    given = getattr(cfg, "gpu_memory_gb", None)
+    given = cfg.compute.gpu_memory_gb
     return int(given * GIB) if given else detect()
 
 
@@ -45,11 +45,11 @@ def launch_memory_plan(cfg: TrainConfig, plans: Sequence[AgentPlan], model_confi
     except ValueError as err:
         log(f"memory plan skipped: {err}")
         return None
-    plan = plan_run(layouts, gpu_bytes_of(cfg, detect), shared_gpu=not cfg.use_ray)
+    plan = plan_run(layouts, gpu_bytes_of(cfg, detect), shared_gpu=not cfg.cluster.use_ray)
     log(plan.format_table())
     if plan.gpu_bytes is None:
         log("memory plan: GPU size unknown (no nvidia-smi on this node); pass --gpu_memory_gb to check the layout")
-    elif getattr(cfg, "memory_check", True):
+    elif cfg.compute.memory_check:
         plan.check()
     elif not plan.fits:
         log("memory plan: the layout does not fit by this estimate; launching anyway (--no_memory_check)")

@@ -95,7 +95,7 @@ def agent_layouts(cfg: TrainConfig, plans: Sequence[AgentPlan], model_configs: M
     """Each agent's :class:`AgentLayout`: its layout from its plan (GPU plans: :func:`~openrlhf_hacpo.actors.
     agent_plan.plan_agents` with ``on_gpu``), the training settings from the run's config (inherited settings
     resolved), the shape from its HF config (``model_configs`` by agent name)."""
-    agents = cfg.resolved_agents()
+    agents = cfg.resolved_agents
     out = []
     for plan in plans:
         agent = agents[plan.index]
@@ -103,8 +103,9 @@ def agent_layouts(cfg: TrainConfig, plans: Sequence[AgentPlan], model_configs: M
         out.append(AgentLayout(
             name=plan.name, shape=ModelShape.from_config(model_configs[plan.name], f"agent {plan.name!r}"),
             dp=plan.dp, zero_stage=agent.zero_stage, bf16=bool(agent.bf16),
-            gradient_checkpointing=bool(agent.gradient_checkpointing), micro_batch=cfg.micro_train_batch_size,
-            prompt_len=cfg.prompt_max_len, response_len=cfg.generate_max_len, logprob_path=cfg.logprob_path,
+            gradient_checkpointing=bool(agent.gradient_checkpointing), micro_batch=cfg.train.micro_train_batch_size,
+            prompt_len=cfg.prompts.prompt_max_len, response_len=cfg.prompts.generate_max_len,
+            logprob_path=cfg.compute.logprob_path,
             attn_implementation=agent.attn_implementation, reference=plan.kl, engines=plan.vllm_engines,
             tensor_parallel=plan.tp, colocated=plan.colocated,
             engine_utilization=settings.gpu_memory_utilization if settings is not None else 0.95,
@@ -112,5 +113,5 @@ def agent_layouts(cfg: TrainConfig, plans: Sequence[AgentPlan], model_configs: M
             lora_rank=plan.lora.rank, target_modules=plan.lora.target_modules,
             adam_offload=plan.adam_offload, param_offload=plan.param_offload,
             deepspeed_enable_sleep=plan.deepspeed_enable_sleep, ref_reward_offload=plan.ref_reward_offload,
-            accumulation_steps=max(1, cfg.train_batch_size // (cfg.micro_train_batch_size * plan.dp))))
+            accumulation_steps=max(1, cfg.train.train_batch_size // (cfg.train.micro_train_batch_size * plan.dp))))
     return out

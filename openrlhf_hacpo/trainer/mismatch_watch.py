@@ -46,8 +46,8 @@ def alarm_threshold(cfg: Any, agent: Any) -> float:
     else :data:`~openrlhf_hacpo.config.MISMATCH_ALARM` for an agent whose policy and engines both run in fp32 and 0
     where either is bf16 (``--bf16``, ``--engine_dtype bfloat16``: rounding every logit gives a gap of its own, see
     docs/training.md)."""
-    if cfg.mismatch_alarm is not None:
-        return float(cfg.mismatch_alarm)
+    if cfg.engines.mismatch_alarm is not None:
+        return float(cfg.engines.mismatch_alarm)
     fp32 = agent.policy_dtype == agent.resolved_engine_dtype == "float32"
     return MISMATCH_ALARM if fp32 else 0.0
 
@@ -56,7 +56,7 @@ def check_mismatch(step: int, rollouts: Sequence[Any], agents: Sequence[Any], cf
     """Raise :class:`TrainingError` naming the first agent (``agents``: their resolved configs, with ``name`` and
     ``bf16``) whose own rows' mean |logp_train − logp_engine| per token exceeds its :func:`alarm_threshold` (off
     with ``--one_step_off``)."""
-    if cfg.one_step_off:
+    if cfg.train.one_step_off:
         return
     for agent, figures in zip(agents, _figures(rollouts)):
         threshold = alarm_threshold(cfg, agent)
@@ -65,8 +65,8 @@ def check_mismatch(step: int, rollouts: Sequence[Any], agents: Sequence[Any], cf
             continue
         synced = f"the weight sync after step {step - 1}" if step > 1 else "the engines' initial weights"
         raise TrainingError(
-            f"step {step}: agent {agent.name!r}, rollout backend {cfg.rollout_backend}: the engine and the trainer "
-            f"disagree on the sampled tokens' log-probs: mean |logp_train - logp_engine| per token {gap:.3g} > "
+            f"step {step}: agent {agent.name!r}, rollout backend {cfg.rollout.rollout_backend}: the engine and the "
+            f"trainer disagree on the sampled tokens' log-probs: mean |logp_train - logp_engine| per token {gap:.3g} > "
             f"--mismatch_alarm {threshold:.3g} (max {figures['max_abs']:.3g}, k3 KL {figures['k3_kl']:.3g}). The "
             f"engines sample from other weights than the learner scores with: check {synced} (every tensor copied, "
             f"names mapped, dtype and tied weights) and the engines' precision (a larger --mismatch_alarm for "

@@ -177,8 +177,8 @@ def check_vllm_compatibility(cfg: TrainConfig, model_configs: Mapping[str, Any],
     ``model_configs`` maps agent names to their Hugging Face configs; ``device`` is "cpu" or "cuda".
     """
     # the engines are sized for the longer of rollout and evaluation responses
-    context = cfg.prompt_max_len + max(cfg.generate_max_len, cfg.eval_generate_max_len or 0)
-    for agent in cfg.resolved_agents():
+    context = cfg.prompts.prompt_max_len + max(cfg.prompts.generate_max_len, cfg.eval.eval_generate_max_len or 0)
+    for agent in cfg.resolved_agents:
         config = model_configs[agent.name]
         dtype = getattr(torch, agent.resolved_engine_dtype)  # the engines' precision (--engine_dtype)
         head = _head_size(config)
@@ -216,7 +216,7 @@ def resolve_attention(cfg: TrainConfig, flash_attn_available: bool | None = None
     """Replace ``flash_attention_2`` by ``sdpa`` when flash-attn does not import; returns the agents changed.
 
     ``flash_attn_available`` overrides the check (:func:`flash_attn_import_error`, which imports the package)."""
-    changed = [a.name for a in cfg.resolved_agents() if a.attn_implementation == "flash_attention_2"]
+    changed = [a.name for a in cfg.resolved_agents if a.attn_implementation == "flash_attention_2"]
     if not changed:
         return []
     reason = "not importable" if flash_attn_available is False else None
@@ -224,11 +224,12 @@ def resolve_attention(cfg: TrainConfig, flash_attn_available: bool | None = None
         reason = flash_attn_import_error()
     if reason is None:
         return []
-    if cfg.attn_implementation == "flash_attention_2":
-        cfg.attn_implementation = "sdpa"
+    if cfg.agent_defaults.attn_implementation == "flash_attention_2":
+        cfg.agent_defaults.attn_implementation = "sdpa"
     for agent in cfg.agents:
         if agent.attn_implementation == "flash_attention_2":
             agent.attn_implementation = "sdpa"
+    cfg.validate()  # the agents resolved again, with the change
     logger.warning("flash-attn is %s: agents %s use attn_implementation='sdpa' (install a flash-attn built for this "
                    "torch as in docs/gpu.md to use flash_attention_2)", reason, changed)
     return changed
@@ -245,7 +246,7 @@ def resolve_hub_models(cfg: TrainConfig, download: Callable[..., str] | None = N
     is unreachable or ``HF_HUB_OFFLINE=1``). Returns {agent: folder} of the agents resolved; raises
     ``FileNotFoundError`` naming the agent and what to set when the model cannot be had.
     """
-    if cfg.rollout_backend != "vllm":
+    if cfg.rollout.rollout_backend != "vllm":
         return {}
     if download is None:
         from huggingface_hub import snapshot_download as download
@@ -264,22 +265,24 @@ def resolve_hub_models(cfg: TrainConfig, download: Callable[..., str] | None = N
         logger.info("agent %r: %s resolved to %s", agent.name, agent.pretrain, folder)
         agent.pretrain = folder  # an agent without its own tokenizer reads it from the same folder
         resolved[agent.name] = folder
+    if resolved:
+        cfg.validate()  # the agents resolved again, with their folders
     return resolved
 
 
 def load_model_configs(cfg: TrainConfig) -> dict[str, Any]:
     from transformers import AutoConfig
 
-    return {agent.name: AutoConfig.from_pretrained(agent.pretrain) for agent in cfg.resolved_agents()}
+    return {agent.name: AutoConfig.from_pretrained(agent.pretrain) for agent in cfg.resolved_agents}
 
 
 def run_gpu_stack_preflight(cfg: TrainConfig, plans: Sequence[AgentPlan], cluster_gpus: float | None) -> None:
     """The checks that need the device decision (after Ray is up; ``plans`` are the agents' plans for that device):
     GPU counts, vLLM compatibility and, on GPUs, the memory plan."""
     use_gpu = any(p.on_gpu for p in plans)
-    if use_gpu and cfg.use_ray and cluster_gpus is not None:
+    if use_gpu and cfg.cluster.use_ray and cluster_gpus is not None:
         check_gpu_count(plans, cluster_gpus)
-    if cfg.rollout_backend == "vllm":
+    if cfg.rollout.rollout_backend == "vllm":
         check_vllm_compatibility(cfg, load_model_configs(cfg), "cuda" if use_gpu else "cpu")
     if use_gpu:  # bytes per agent and GPU, refused when a GPU cannot hold its share (trainer/memory_check.py)
         from openrlhf_hacpo.trainer.memory_check import launch_memory_plan

@@ -20,9 +20,10 @@ __all__ = ["finish_rollouts", "rollout_sampling", "start_rollouts"]
 def rollout_sampling(cfg: TrainConfig, step: int, agent: str) -> SamplingConfig:
     """Agent ``agent``'s sampling at ``step``: the run's settings, seeded by ``derive_seed(seed, "rollout", step,
     agent)`` (a resumed run samples what an uninterrupted one would have)."""
-    return SamplingConfig(n=cfg.n_samples_per_prompt, temperature=cfg.temperature, top_p=cfg.top_p,
-                          top_k=cfg.top_k, max_new_tokens=cfg.generate_max_len,
-                          seed=derive_seed(cfg.seed, "rollout", step, agent))
+    rollout = cfg.rollout
+    return SamplingConfig(n=rollout.n_samples_per_prompt, temperature=rollout.temperature, top_p=rollout.top_p,
+                          top_k=rollout.top_k, max_new_tokens=cfg.prompts.generate_max_len,
+                          seed=derive_seed(cfg.train.seed, "rollout", step, agent))
 
 
 def start_rollouts(cfg: TrainConfig, groups: Sequence[Any], step: int, prompts: Sequence[Any],

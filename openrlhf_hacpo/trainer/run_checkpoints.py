@@ -43,7 +43,7 @@ class RunCheckpoints:
         self.cfg = cfg
         self.fingerprint = fingerprint
         self.cluster = cluster
-        self.ckpt = CheckpointManager(cfg.checkpoint_dir, max_keep=cfg.max_ckpt_num)
+        self.ckpt = CheckpointManager(cfg.checkpoint_dir, max_keep=cfg.outputs.max_ckpt_num)
         self.lock = lock
         self.last_checkpoint: Path | None = None
         self.resume_state: tuple[Path, dict[str, Any]] | None = None
@@ -56,19 +56,20 @@ class RunCheckpoints:
         a run still using the folder refuses this driver before ``--overwrite`` deletes anything."""
         cfg = self.cfg
         self.lock.acquire()
-        check_run_folder(cfg, cfg.overwrite)
-        self._log_handler = attach_run_log(cfg.save_path)
-        self.run_log = Path(cfg.save_path) / LOG_FILE
+        check_run_folder(cfg, cfg.outputs.overwrite)
+        self._log_handler = attach_run_log(cfg.outputs.save_path)
+        self.run_log = Path(cfg.outputs.save_path) / LOG_FILE
         self.ckpt.clean_stale()
-        if not cfg.resume:
+        if not cfg.outputs.resume:
             return
         checkpoint = self.ckpt.latest()
         if checkpoint is None:
             outputs = run_outputs(cfg)
             if outputs:
-                raise RunFolderError(f"--resume: no checkpoint under {cfg.checkpoint_dir}, but {cfg.save_path} "
-                                     f"holds a run's outputs ({', '.join(map(str, outputs))}) that a fresh start "
-                                     "would replace; start over with --overwrite instead of --resume")
+                raise RunFolderError(f"--resume: no checkpoint under {cfg.checkpoint_dir}, but "
+                                     f"{cfg.outputs.save_path} holds a run's outputs ({', '.join(map(str, outputs))}) "
+                                     "that a fresh start would replace; start over with --overwrite instead of "
+                                     "--resume")
             logger.warning("--resume: no checkpoint under %s, starting from scratch", cfg.checkpoint_dir)
             return
         state = self.ckpt.load_trainer_state(checkpoint)
@@ -78,7 +79,7 @@ class RunCheckpoints:
         self.ckpt.check_complete(checkpoint, cfg.agent_names)
         stored = state.get("fingerprint")
         differences = fingerprint_differences(stored, self.fingerprint) if stored is not None else []
-        if differences and not cfg.resume_accept_mismatch:
+        if differences and not cfg.outputs.resume_accept_mismatch:
             raise CheckpointError(f"checkpoint {checkpoint} was written with other settings; resume with the same "
                                   "settings, or pass --resume_accept_mismatch to continue with the new ones: "
                                   + "; ".join(differences))
@@ -113,7 +114,7 @@ class RunCheckpoints:
         """Estimated bytes of a joint checkpoint: per agent, its model files × 3 (weights and Adam's two moments,
         in the dtype the files hold; fp32 master weights of bf16 runs add one more copy)."""
         total = 0
-        for agent in self.cfg.resolved_agents():
+        for agent in self.cfg.resolved_agents:
             if os.path.isdir(agent.pretrain):
                 weights = sum(os.path.getsize(os.path.join(agent.pretrain, f)) for f in os.listdir(agent.pretrain)
                               if f.endswith((".safetensors", ".bin")))
@@ -132,7 +133,7 @@ class RunCheckpoints:
     def save_hf(self, groups: Sequence[Any], guard: Callable[[Callable[[], Any], str], Any]) -> list[str]:
         """Per-agent Hugging Face checkpoints under ``<save_path>/hf/<agent>/`` (``guard`` names a worker that
         dies); returns the folders."""
-        paths = [str(Path(self.cfg.save_path) / "hf" / g.name) for g in groups]
+        paths = [str(Path(self.cfg.outputs.save_path) / "hf" / g.name) for g in groups]
         guard(lambda: _wait_all([g.save_hf(p) for g, p in zip(groups, paths)]), "saving HF checkpoints")
         return paths
 

@@ -52,13 +52,13 @@ class RunCluster:
         """Whether the workers run on GPUs: ``--device`` when given, else whether the Ray cluster (or, without Ray,
         this process) has one; starts or joins Ray first."""
         cfg = self.cfg
-        if cfg.device != "auto":
-            if cfg.device == "cuda" and not cfg.use_ray and not torch.cuda.is_available():
+        if cfg.cluster.device != "auto":
+            if cfg.cluster.device == "cuda" and not cfg.cluster.use_ray and not torch.cuda.is_available():
                 raise ValueError("device='cuda' but no CUDA device is visible")
-            if cfg.use_ray:
+            if cfg.cluster.use_ray:
                 self.init_ray()
-            return cfg.device == "cuda"
-        if not cfg.use_ray:
+            return cfg.cluster.device == "cuda"
+        if not cfg.cluster.use_ray:
             return torch.cuda.is_available()
         import ray
 
@@ -66,7 +66,7 @@ class RunCluster:
         return ray.cluster_resources().get("GPU", 0) > 0
 
     def cluster_gpus(self) -> float | None:
-        if not self.cfg.use_ray:
+        if not self.cfg.cluster.use_ray:
             return None
         import ray
 
@@ -79,14 +79,14 @@ class RunCluster:
 
         if not ray.is_initialized():
             os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-            address = self.cfg.ray_address or os.environ.get("RAY_ADDRESS")
+            address = self.cfg.cluster.ray_address or os.environ.get("RAY_ADDRESS")
             if address:
                 with keep_signal_handlers():
                     ray.init(address=address, log_to_driver=True)
             else:
                 with keep_signal_handlers():
                     ray.init(ignore_reinit_error=True, log_to_driver=True, include_dashboard=False,
-                             _node_ip_address=self.cfg.bind_host)
+                             _node_ip_address=self.cfg.cluster.bind_host)
                 self.started_ray = True
                 self.lock.record_processes(_ray_process_ids())
         self.started_local_ray = driver_started_ray()
@@ -112,7 +112,7 @@ class RunCluster:
         """``plans`` with the node of every bundle (GPUs; CPUs on a CPU-only run), checked against every node's size
         (``ray.nodes()``); unchanged without Ray and on a one-node cluster, where Ray packs each agent's GPU bundles
         (checked to fit) and CPU workers ask for no CPUs (not checked: they share the node's cores)."""
-        if not self.cfg.use_ray:
+        if not self.cfg.cluster.use_ray:
             return list(plans)
         import ray
 
@@ -120,7 +120,7 @@ class RunCluster:
         on_gpu = any(p.on_gpu for p in plans)
         if len(nodes) < 2 and not on_gpu:
             return list(plans)
-        placed = check_node_placement(plans, nodes, self.cfg.allow_straddle)
+        placed = check_node_placement(plans, nodes, self.cfg.cluster.allow_straddle)
         if len(nodes) < 2:
             return list(plans)
         address = {n.node_id: n.label for n in nodes}
@@ -134,7 +134,7 @@ class RunCluster:
     def record_placement(self, groups: Sequence[Any]) -> dict[str, Any]:
         """Log where every worker and engine landed (node address and id, GPU ids) and write it to
         ``<save_path>/placement.json``; ``{}`` without Ray."""
-        if not self.cfg.use_ray:
+        if not self.cfg.cluster.use_ray:
             return {}
         try:
             placement = {g.name: g.locations() for g in groups}
@@ -153,13 +153,13 @@ class RunCluster:
                     which = f" {index}" if index is not None else ""
                     logger.info("agent %r %s%s on %s (node %s), GPUs %s", agent, role, which, entry["address"],
                                 entry["node_id"][:8], ",".join(entry["gpu_ids"]) or "none")
-        atomic_write_json(Path(self.cfg.save_path) / PLACEMENT_FILE, placement)
+        atomic_write_json(Path(self.cfg.outputs.save_path) / PLACEMENT_FILE, placement)
         self.placement = placement
         return placement
 
     def record_worker_nodes(self, groups: Sequence[Any]) -> None:
         """Give every agent group the node of each of its workers (from the placement records), for errors."""
-        if not (self.cfg.use_ray and self.placement):
+        if not (self.cfg.cluster.use_ray and self.placement):
             return
         import ray
 
@@ -179,24 +179,24 @@ class RunCluster:
     def check_shared_folders(self, node_ids: list[str]) -> None:
         """Prove that the nodes ``node_ids`` (those hosting a worker) share the run folder and the checkpoint folder
         with the driver (:mod:`openrlhf_hacpo.trainer.fs_check`; no task runs when they are all the driver's)."""
-        if not self.cfg.use_ray:
+        if not self.cfg.cluster.use_ray:
             return
         import ray
 
         if not node_ids:
             logger.warning("the workers' nodes are unknown: the shared-folder check of %s is skipped",
-                           self.cfg.save_path)
+                           self.cfg.outputs.save_path)
             return
         Path(self.cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        timeout = min(self.cfg.step_timeout or FS_CHECK_TIMEOUT_S, FS_CHECK_TIMEOUT_S)
-        check_shared_folders([self.cfg.save_path, self.cfg.checkpoint_dir], node_ids, node_labels(ray.nodes()),
+        timeout = min(self.cfg.cluster.step_timeout or FS_CHECK_TIMEOUT_S, FS_CHECK_TIMEOUT_S)
+        check_shared_folders([self.cfg.outputs.save_path, self.cfg.checkpoint_dir], node_ids, node_labels(ray.nodes()),
                              ray.get_runtime_context().get_node_id(), timeout_s=timeout)
 
     def remove_on_worker_nodes(self, path: Path) -> None:
         """Remove ``path`` in the view of every node hosting a worker other than the driver's (a failed save's
         temporary folder, which the driver has removed in its own view)."""
         nodes = worker_node_ids(self.placement)
-        if not (self.cfg.use_ray and nodes):
+        if not (self.cfg.cluster.use_ray and nodes):
             return
         import ray
 

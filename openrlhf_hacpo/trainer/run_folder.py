@@ -47,7 +47,7 @@ RUN_OUTPUTS = ("metrics.jsonl", "eval.jsonl", "checkpoints", "hf", "rollouts")
 
 def run_outputs(cfg: TrainConfig) -> list[Path]:
     """Outputs of an earlier run present in the run folder (and a separate checkpoint folder), sorted."""
-    root = Path(cfg.save_path)
+    root = Path(cfg.outputs.save_path)
     found = [root / name for name in RUN_OUTPUTS if (root / name).exists() and not _empty_dir(root / name)]
     ckpt = Path(cfg.checkpoint_dir)
     if ckpt.exists() and not _empty_dir(ckpt) and ckpt not in found:
@@ -61,15 +61,15 @@ def check_run_folder(cfg: TrainConfig, overwrite: bool = False) -> None:
     Raises:
         RunFolderError: the folder holds a run, and neither ``--resume`` nor ``--overwrite`` is given.
     """
-    if cfg.resume:
+    if cfg.outputs.resume:
         return
     found = run_outputs(cfg)
     if not found:
         return
     names = ", ".join(str(p) for p in found)
     if not overwrite:
-        raise RunFolderError(f"save path {cfg.save_path} already holds a run ({names}); continue it with --resume, "
-                             "or start over with --overwrite (deletes those outputs)")
+        raise RunFolderError(f"save path {cfg.outputs.save_path} already holds a run ({names}); continue it with "
+                             "--resume, or start over with --overwrite (deletes those outputs)")
     for path in found:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)

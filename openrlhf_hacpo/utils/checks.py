@@ -1,5 +1,5 @@
 """Field checks shared by the config dataclasses: each raises ``ValueError("<where> must be <rule>, got <value>")``,
-where ``where`` names the field (``TrainConfig.top_p`` style paths, ``agents[1].zero_stage``, ...)."""
+where ``where`` names the field (``TrainConfig.rollout.top_p`` style paths, ``agents[1].zero_stage``, ...)."""
 from __future__ import annotations
 
 import math

@@ -118,7 +118,7 @@ def make_loop(model: torch.nn.Module, cfg: TrainConfig, lr: float, world_size: i
     """Learner ``a``'s loop as rank 0 of ``world_size`` data-parallel ranks (more than one needs
     ``torch.distributed.all_reduce`` replaced: there is no process group)."""
     optimizer = SkippableAdamW(model.parameters(), lr=lr)
-    return UpdateLoop(cfg, cfg.resolved_agents()[0], 0, 0, world_size, GradRecordingEngine(model, optimizer),
+    return UpdateLoop(cfg, cfg.resolved_agents[0], 0, 0, world_size, GradRecordingEngine(model, optimizer),
                       optimizer, Tok(), None, torch.device("cpu"))
 
 

@@ -18,7 +18,7 @@ def _cfg(*agents: AgentConfig, **kw) -> TrainConfig:
     values = dict(prompt_data="d.jsonl", rollout_backend="vllm", rollout_batch_size=2, n_samples_per_prompt=2,
                   train_batch_size=4, micro_train_batch_size=1)
     values.update(kw)
-    return TrainConfig(agents=list(agents), **values)
+    return TrainConfig.of(agents=list(agents), **values)
 
 
 @pytest.mark.parametrize("kl, rank, expected", [(True, 0, True), (True, 8, False), (False, 0, False), (False, 8, False)])
@@ -114,7 +114,7 @@ def test_the_engines_precision_is_the_policys_unless_set():
     assert [p.engine_dtype for p in plan_agents(cfg, on_gpu=False)] == ["float32", "bfloat16", "float32"]
     cfg = _cfg(AgentConfig("q", "/m/q"), AgentConfig("l", "/m/l", engine_dtype="float32"), engine_dtype="bfloat16")
     assert [p.engine_dtype for p in plan_agents(cfg, on_gpu=False)] == ["bfloat16", "float32"]
-    assert [a.bf16 for a in cfg.resolved_agents()] == [False, False]  # the learners stay in fp32
+    assert [a.bf16 for a in cfg.resolved_agents] == [False, False]  # the learners stay in fp32
     with pytest.raises(ValueError, match=r"--engine_dtype \(agent 'q'\).*--rollout_backend hf generates inside"):
         _cfg(AgentConfig("q", "/m/q"), engine_dtype="bfloat16", rollout_backend="hf")
     with pytest.raises(ValueError, match=r"engine_dtype"):

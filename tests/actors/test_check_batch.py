@@ -20,7 +20,7 @@ def make_loop(algorithm: str) -> UpdateLoop:
     cfg = build_config([*agents, "--prompt_data", "x.jsonl", "--algorithm", algorithm, "--n_samples_per_prompt", "2",
                         "--rollout_batch_size", "1", "--train_batch_size", "2", "--micro_train_batch_size", "1"])
     optimizer = SkippableAdamW(model.parameters(), lr=1e-2)
-    return UpdateLoop(cfg, cfg.resolved_agents()[0], 0, 0, 1, PlainEngine(model, optimizer, gas=1), optimizer, Tok(),
+    return UpdateLoop(cfg, cfg.resolved_agents[0], 0, 0, 1, PlainEngine(model, optimizer, gas=1), optimizer, Tok(),
                       None, torch.device("cpu"))
 
 

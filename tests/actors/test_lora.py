@@ -36,7 +36,7 @@ def _agent(**settings) -> AgentConfig:
 
 def _apply(model: torch.nn.Module, agent: AgentConfig) -> torch.nn.Module:
     """:func:`apply_lora` with the LoRA of ``agent``'s plan, as a policy worker applies it."""
-    (plan,) = plan_agents(TrainConfig(agents=[agent], prompt_data="d"), on_gpu=False)
+    (plan,) = plan_agents(TrainConfig.of(agents=[agent], prompt_data="d"), on_gpu=False)
     return apply_lora(model, plan.lora, agent.name)
 
 
@@ -166,14 +166,14 @@ def test_lora_fields_are_validated_per_agent_and_run_wide(setting, value, rule):
     with pytest.raises(ValueError, match=f"{setting}.*{rule}"):
         _agent(**{setting: value})
     with pytest.raises(ValueError, match=f"--{setting}.*{rule}"):
-        TrainConfig(agents=[AgentConfig(name="a", pretrain="p")], prompt_data="d", **{setting: value})
+        TrainConfig.of(agents=[AgentConfig(name="a", pretrain="p")], prompt_data="d", **{setting: value})
 
 
 def test_agents_inherit_the_run_wide_lora_settings_unless_they_set_their_own():
-    cfg = TrainConfig(agents=[AgentConfig(name="full", pretrain="p", lora_rank=0),
+    cfg = TrainConfig.of(agents=[AgentConfig(name="full", pretrain="p", lora_rank=0),
                               AgentConfig(name="lora", pretrain="p", lora_alpha=32)],
                       prompt_data="d", lora_rank=8, lora_dropout=0.1, target_modules="q_proj,v_proj")
-    full, lora = cfg.resolved_agents()
+    full, lora = cfg.resolved_agents
     assert (full.lora_rank, full.lora_alpha) == (0, 16)
     assert (lora.lora_rank, lora.lora_alpha, lora.lora_dropout, lora.target_modules) == (8, 32, 0.1, "q_proj,v_proj")
     # the plans carry the resolved adapters: the LoRA agent's adapter, no reference model of its own with a KL term

@@ -136,7 +136,8 @@ def test_a_loss_call_without_metrics_reads_nothing_and_gives_the_same_loss_and_g
         if not metrics:
             outside, _ = reads(loop)
         outs.append(loop.loss_fn(micro.loss_input(x, 0, update.totals), loop.cfg.algo.loss,
-                                 backend=loop.cfg.kernel_backend, params=update.params, check=False, metrics=metrics))
+                                 backend=loop.cfg.compute.kernel_backend, params=update.params, check=False,
+                                 metrics=metrics))
         grads += torch.autograd.grad(outs[-1].loss, x)
     assert outside == [] and outs[1].metrics == {} and outs[0].metrics
     assert torch.equal(outs[1].loss, outs[0].loss) and torch.equal(grads[1], grads[0])

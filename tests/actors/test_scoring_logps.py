@@ -52,7 +52,7 @@ def scored(tmp_path, monkeypatch):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32))
-    cfg = TrainConfig(agents=[AgentConfig(name="a", pretrain="/m")], prompt_data="x.jsonl", save_path=str(tmp_path),
+    cfg = TrainConfig.of(agents=[AgentConfig(name="a", pretrain="/m")], prompt_data="x.jsonl", save_path=str(tmp_path),
                       apply_chat_template=False, kernel_backend="torch", temperature=0.7,
                       micro_train_batch_size=2)
     captured: list[torch.Tensor] = []
@@ -170,5 +170,5 @@ def test_scoring_positions_count_the_scoring_pass(scored, monkeypatch):
                GenerationOutput(1, 0, [8, 2, 12, 13, 14], "", False, "length"),
                GenerationOutput(1, 1, [EOS], "", True, "stop")]
     assert scorer.scoring_positions(rendered, outputs) == (16 + 9, 12 + 9)
-    monkeypatch.setattr(cfg, "length_grouping", False)  # in order: {0, 1} (2 x 9, 16 real) and {2} (5, 5 real)
+    monkeypatch.setattr(cfg.compute, "length_grouping", False)  # in order: {0, 1} (2 x 9, 16 real) and {2} (5, 5 real)
     assert scorer.scoring_positions(rendered, outputs) == (18 + 5, 16 + 5)

@@ -25,7 +25,7 @@ class CountingTokenizer:
 
 
 def test_render_applies_the_template_once_and_left_truncates(tmp_path):
-    cfg = TrainConfig(agents=[AgentConfig(name="a", pretrain="/m")], prompt_data="x.jsonl", save_path=str(tmp_path),
+    cfg = TrainConfig.of(agents=[AgentConfig(name="a", pretrain="/m")], prompt_data="x.jsonl", save_path=str(tmp_path),
                       apply_chat_template=True, prompt_max_len=6)
     tok = CountingTokenizer()
     scorer = RolloutScorer(cfg, 0, tok, eos_token_ids=[0])

@@ -37,7 +37,7 @@ def loop():
                         "--micro_train_batch_size", "1", "--kernel_backend", "torch", "--temperature", "0.7"])
     optimizer = SkippableAdamW(model.parameters(), lr=1e-2)
     engine = PlainEngine(model, optimizer, gas=2)
-    return UpdateLoop(cfg, cfg.resolved_agents()[0], 0, 0, 1, engine, optimizer, Tok(), None, torch.device("cpu"))
+    return UpdateLoop(cfg, cfg.resolved_agents[0], 0, 0, 1, engine, optimizer, Tok(), None, torch.device("cpu"))
 
 
 @torch.no_grad()
@@ -80,7 +80,7 @@ def test_micro_loss_at_ratio_one_is_minus_the_advantage_and_reports_the_entropy(
     is minus their mean, A = 0.75 for both rows. The entropy is the float64 mean over the 6 response tokens of
     H(softmax(z / T))."""
     assert loop.cfg.algo.loss.params.kl_coef > 0  # the reference log-probs reach the loss
-    means, ref, entropy = reference(loop.engine.module, loop.cfg.temperature)
+    means, ref, entropy = reference(loop.engine.module, loop.cfg.rollout.temperature)
     loss, out = loop.micro_loss(batch(means).packed(0), 0, TOTALS, ref)
     assert out is not None
     assert float(loss.detach()) == pytest.approx(-ADVANTAGE, abs=1e-5)
@@ -90,7 +90,7 @@ def test_micro_loss_at_ratio_one_is_minus_the_advantage_and_reports_the_entropy(
 def test_a_nan_loss_gives_a_zero_surrogate_with_zero_gradient(loop):
     loss_fn = loop.loss_fn
     loop.loss_fn = lambda inp, cfg, **kw: dataclasses.replace(loss_fn(inp, cfg, **kw), loss=torch.tensor(float("nan")))
-    _, ref, _ = reference(loop.engine.module, loop.cfg.temperature)
+    _, ref, _ = reference(loop.engine.module, loop.cfg.rollout.temperature)
     loss, out = loop.micro_loss(batch([-2.0, -2.0]).packed(0), 0, TOTALS, ref)
     assert out is None and float(loss.detach()) == 0.0
     loss.backward()
@@ -107,7 +107,7 @@ def run_update(loop, nan_micro: int | None):
         return dataclasses.replace(out, loss=out.loss * float("nan")) if len(calls) - 1 == nan_micro else out
 
     loop.loss_fn = maybe_nan
-    means, ref, _ = reference(loop.engine.module, loop.cfg.temperature)
+    means, ref, _ = reference(loop.engine.module, loop.cfg.rollout.temperature)
     stats, ratios = WeightedMeans(), []
     before = {n: p.detach().clone() for n, p in loop.engine.module.named_parameters()}
     loop.run_update(batch(means), 0, 1, ref, stats, ratios)

@@ -74,7 +74,7 @@ def test_the_mismatch_arms_are_bf16_engines_with_each_correction_against_fp32_an
         train = build_config(trainer_argv(cfg, {"llamaS": tmp_path / "l", "qwenM": tmp_path / "q"},
                                           {"train": tmp_path / "t.jsonl", "eval": tmp_path / "e.jsonl"}))
         loss = train.algo.loss.params
-        seen[name] = (train.rollout_backend, [a.resolved_engine_dtype for a in train.resolved_agents()],
+        seen[name] = (train.rollout.rollout_backend, [a.resolved_engine_dtype for a in train.resolved_agents],
                       loss.rollout_is and (loss.rollout_is_level, loss.rollout_is_mode), arm.reference,
                       arm.also_against)
     fp32, bf16, both = ["float32", "float32"], ["bfloat16", "bfloat16"], ("engines-fp32", "engines-bf16")

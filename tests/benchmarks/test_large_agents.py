@@ -144,9 +144,9 @@ def test_every_configuration_builds_a_valid_trainer_config(tiny_agents, prompt_f
     models = {"llama": tiny_agents["llama"], "qwen": tiny_agents["qwen"]}
     for name, configuration in bench.CONFIGURATIONS.items():
         cfg = build_config(bench.trainer_flags(models, prompt_file, str(tmp_path / name), configuration))
-        agents = cfg.resolved_agents()
-        assert cfg.use_ray and cfg.train_batch_size == 2 * 2 * 4 and cfg.algo.loss_name == "hacpo"
-        assert not cfg.save_hf and not cfg.save_final_checkpoint
+        agents = cfg.resolved_agents
+        assert cfg.cluster.use_ray and cfg.train.train_batch_size == 2 * 2 * 4 and cfg.algo.loss_name == "hacpo"
+        assert not cfg.outputs.save_hf and not cfg.outputs.save_final_checkpoint
         assert [a.lora_rank for a in agents] == [16 if name == "lora" else 0] * 2
         assert [a.adam_offload for a in agents] == [name == "adam_offload"] * 2
 

@@ -290,8 +290,9 @@ def test_commands_of_every_configuration(tmp_path):
         assert not [t for t in cmd if t.startswith("--eval")] and "--no_save_hf" in cmd
         cfg = build_config(cmd[3:])
         # 16 prompts x G per agent; HACPO and Naive train on both agents' rollouts; one update per step
-        assert (cfg.n_samples_per_prompt, cfg.train_batch_size, cfg.max_steps, cfg.seed) == (group, rows, 12, 3), arm
-        assert cfg.micro_train_batch_size == 32  # the benchmark's trainer flags come last and win
+        assert (cfg.rollout.n_samples_per_prompt, cfg.train.train_batch_size, cfg.train.max_steps,
+                cfg.train.seed) == (group, rows, 12, 3), arm
+        assert cfg.train.micro_train_batch_size == 32  # the benchmark's trainer flags come last and win
     tiny = model.command(setups.ARMS["hacpo"], seed=0, steps=80, output=tmp_path / "o", eval_steps=10)
     assert tiny[1:4] == ["-m", "openrlhf_hacpo.cli.tiny", "run"] and tiny[tiny.index("--eval_steps") + 1] == "10"
     with pytest.raises(ValueError, match="not resolved"):
@@ -301,20 +302,20 @@ def test_commands_of_every_configuration(tmp_path):
     n3 = build_config(three.command(setups.ARMS["hacpo"], seed=0, steps=5, output=tmp_path / "a", eval_steps=None)[3:])
     n2 = build_config(three.command(setups.ARMS["hacpo-n2"], seed=0, steps=5, output=tmp_path / "b",
                                     eval_steps=None)[3:])
-    assert (len(n3.agents), n3.train_batch_size, len(n2.agents), n2.train_batch_size) == (3, 384, 2, 256)
+    assert (len(n3.agents), n3.train.train_batch_size, len(n2.agents), n2.train.train_batch_size) == (3, 384, 2, 256)
 
     smol = setups.make_setup("smollm2")
     smol.models, smol.prompt_data = {"smollm2": str(tmp_path / "s"), "llamaS": str(tmp_path / "l")}, tmp_path / "p"
     for arm, rows in (("gspo", 8), ("gspo2x", 16), ("naive", 16), ("hacpo", 16)):  # 2 prompts x G = 4
         cmd = smol.command(setups.ARMS[arm], seed=0, steps=4, output=tmp_path / arm, eval_steps=None)
         cfg = build_config(cmd[3:])
-        assert cfg.train_batch_size == rows and cfg.rollout_backend == "hf", arm
+        assert cfg.train.train_batch_size == rows and cfg.rollout.rollout_backend == "hf", arm
     with pytest.raises(ValueError, match="tiny presets"):
         smol.command(setups.ARMS["hacpo"], seed=0, steps=4, output=tmp_path / "x", eval_steps=10)
     smol.models = {"smollm2": str(tmp_path / "s")}  # one agent: GSPO runs, an arm that shares rollouts is refused
     one = build_config(smol.command(setups.ARMS["gspo"], seed=0, steps=4, output=tmp_path / "one",
                                     eval_steps=None)[3:])
-    assert one.agent_names == ["smollm2"] and one.train_batch_size == 8
+    assert one.agent_names == ["smollm2"] and one.train.train_batch_size == 8
     with pytest.raises(ValueError, match="hacpo needs two or more agents"):
         smol.command(setups.ARMS["hacpo"], seed=0, steps=4, output=tmp_path / "x", eval_steps=None)
 

@@ -42,7 +42,7 @@ def test_help_lists_every_flag_in_groups(capsys):
 def test_agents_inherit_run_wide_settings():
     cfg = build_config(BASE + ["--agent", "name=c,pretrain=/m/c,learning_rate=3e-6,zero_stage=3,bf16=true",
                                "--actor_learning_rate", "1e-6", "--zero_stage", "1"])
-    a, b, c = cfg.resolved_agents()
+    a, b, c = cfg.resolved_agents
     assert (a.learning_rate, a.zero_stage, a.bf16, a.dp_size) == (1e-6, 1, False, 1)
     assert (c.learning_rate, c.zero_stage, c.bf16) == (3e-6, 3, True)
     assert cfg.agents[0].learning_rate is None  # the declared config is left as given
@@ -55,7 +55,8 @@ def test_hacpo_flags_reach_the_algorithm_config():
                                "--eps_clip_low", "1e-3", "--init_kl_coef", "0", "--no_capability_advantage"])
     algo = cfg.algo
     assert algo.algorithm == "hacpo"
-    assert (algo.loss.params.alpha, algo.loss.params.delta, algo.loss.params.delta_step, algo.loss.params.stepwise) == (3.0, 0.1, 0.01, False)
+    loss = algo.loss.params
+    assert (loss.alpha, loss.delta, loss.delta_step, loss.stepwise) == (3.0, 0.1, 0.01, False)
     assert algo.loss.params.cross_clip_high == 1.2 and algo.loss.params.cross_clip_mode == "pessimistic"
     assert (algo.capability.window, algo.capability.metric) == (7, "mean_reward")
     assert algo.loss.params.eps_low == 1e-3 and algo.loss.params.eps_high == HACPOConfig().loss.params.eps_high
@@ -83,7 +84,7 @@ def test_presets_for_baselines_and_ablations():
     (["--ratio_level", "token"], "ratio_level='token'"),
     (["--no_ray", "--rollout_backend", "vllm"], "needs Ray"),
     (["--temperature", "0"], "temperature"),
-    (["--top_p", "1.5"], "--top_p (TrainConfig.top_p) must be <= 1, got 1.5"),
+    (["--top_p", "1.5"], "--top_p (TrainConfig.rollout.top_p) must be <= 1, got 1.5"),
     (["--eval_steps", "2"], "eval_data"),
     (["--save_steps", "0"], "save_steps"),
 ])

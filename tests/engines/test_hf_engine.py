@@ -152,7 +152,7 @@ def test_agent_group_gives_the_engine_the_share_after_its_policy_ranks():
     from openrlhf_hacpo.config import AgentConfig, TrainConfig
 
     agents = [AgentConfig(name="a", pretrain="/m/a", dp_size=2), AgentConfig(name="b", pretrain="/m/b")]
-    cfg = TrainConfig(agents=agents, prompt_data="unused.jsonl", rollout_backend="hf_engine", rollout_batch_size=2,
+    cfg = TrainConfig.of(agents=agents, prompt_data="unused.jsonl", rollout_backend="hf_engine", rollout_batch_size=2,
                       n_samples_per_prompt=2, train_batch_size=4, micro_train_batch_size=1)
     group = AgentGroup(cfg, plan_agents(cfg, on_gpu=False)[1], total_updates=1)
     assert group.has_engines and group.weight_sync_mode() == "object_store"
@@ -167,9 +167,9 @@ def test_hf_engine_backend_needs_ray_and_a_cpu():
                   rollout_backend="hf_engine", rollout_batch_size=2, n_samples_per_prompt=2, train_batch_size=2,
                   micro_train_batch_size=1)
     with pytest.raises(ValueError, match="'hf_engine' needs Ray"):
-        TrainConfig(**common, use_ray=False)
+        TrainConfig.of(**common, use_ray=False)
     with pytest.raises(ValueError, match="hf_engine' runs its engines on CPU cores"):
-        TrainConfig(**common, device="cuda")
+        TrainConfig.of(**common, device="cuda")
 
 
 def test_binding_to_a_core_this_process_cannot_use_is_refused():

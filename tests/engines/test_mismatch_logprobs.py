@@ -17,7 +17,8 @@ def test_asking_for_log_probs_samples_the_same_tokens():
     prompts = [tokenizer.encode(p) for p in ["Q: 1+2=?\nA: ", "Q: 33+4=?\nA: ", "A: "]]
     engine = HFGenerateEngine(model, tokenizer, max_batch_size=2)
     plain = SamplingConfig(n=3, max_new_tokens=12, temperature=1.0, seed=5)
-    cfg = SimpleNamespace(mismatch_metrics=True, temperature=1.0, old_logp_from_update=False)
+    cfg = SimpleNamespace(engines=SimpleNamespace(mismatch_metrics=True), rollout=SimpleNamespace(temperature=1.0),
+                          compute=SimpleNamespace(old_logp_from_update=False))
     asked = mismatch_sampling(cfg, plain)
     assert asked.return_logprobs and not plain.return_logprobs
     torch.manual_seed(123)

@@ -337,7 +337,7 @@ def test_a_sync_empties_the_cache_then_wakes_only_the_weights_and_generation_wak
     group = AgentGroup(cfg, plan_agents(cfg, on_gpu=False)[0], total_updates=1)
     group.use_ray = False  # workers in this process
     model = torch.nn.Linear(3, 2)
-    io = PolicyIO(cfg.resolved_agents()[0], SimpleNamespace(module=model), None, rank=0, world_size=1,
+    io = PolicyIO(cfg.resolved_agents[0], SimpleNamespace(module=model), None, rank=0, world_size=1,
                   device=torch.device("cuda", 0))  # a CUDA rank as far as the cache is concerned
     group.policies = [_PolicyRank(io)]
     group.engines = [_sleep_mode_engine(events), _sleep_mode_engine(events)]

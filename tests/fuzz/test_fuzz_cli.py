@@ -146,7 +146,7 @@ def test_reward_names_are_registered_or_refused(name):
     except SystemExit:  # argparse: a value that looks like a flag
         assert name.startswith("-")
         return
-    assert cfg.reward_fn == name and name in registered_reward_fns()
+    assert cfg.rewards.reward_fn == name and name in registered_reward_fns()
 
 
 @pytest.mark.parametrize("body, suffix, problem", [
@@ -165,7 +165,7 @@ def test_reward_files_are_checked_without_importing_them(tmp_path, body, suffix,
     path.write_text("raise SystemExit('imported')\n" + body if problem is None else body)
     spec = f"{path}{suffix}"
     if problem is None:
-        assert build_config([*BASE, "--reward_fn", spec]).reward_fn == spec
+        assert build_config([*BASE, "--reward_fn", spec]).rewards.reward_fn == spec
         return
     with pytest.raises(ValueError) as info:
         build_config([*BASE, "--reward_fn", spec])

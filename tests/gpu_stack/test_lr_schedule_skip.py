@@ -41,7 +41,7 @@ def test_a_skipped_update_leaves_the_schedule_where_it_was(stage, bf16_tied_agen
     init_gloo_world()
     cfg = worker_config(bf16_tied_agent, tmp_path, "--zero_stage", stage, "--lr_scheduler", "constant_with_warmup",
                         "--lr_warmup_steps", "4", "--actor_learning_rate", str(BASE_LR))
-    built = build_policy_engine(cfg, cfg.resolved_agents()[0], LoraPlan(), total_updates=8)
+    built = build_policy_engine(cfg, cfg.resolved_agents[0], LoraPlan(), total_updates=8)
     ids = torch.tensor([[1, 5, 9, 12, 7, 3]])
     assert _lr(built) == 0.0  # warm-up starts at 0 / 4
 

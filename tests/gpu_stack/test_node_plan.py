@@ -193,7 +193,7 @@ def _cfg(agents, **kw) -> TrainConfig:
     defaults = dict(prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=6, n_samples_per_prompt=2,
                     train_batch_size=12, micro_train_batch_size=1, prompt_max_len=64, generate_max_len=32)
     defaults.update(kw)
-    return TrainConfig(agents=agents, **defaults)
+    return TrainConfig.of(agents=agents, **defaults)
 
 
 def test_preflight_demands_follow_the_run_settings_and_refuse_what_no_node_holds():
@@ -204,14 +204,15 @@ def test_preflight_demands_follow_the_run_settings_and_refuse_what_no_node_holds
                                     AgentDemand("l", dp=6, engines=1, tp=2, reference=True)]
     plan = check_node_placement(plan_agents(cfg, on_gpu=True), NODES)  # q pinned to B; l (8) fills A
     assert [on(p.nodes) for p in plan] == [{B.node_id}, {A.node_id}]
-    cfg.colocate_all_models = True
+    cfg.engines.colocate_all_models = True
     assert [d.gpus for d in planned_demands(cfg)] == [2, 6]
-    cfg.colocate_all_models = False
-    cfg.rollout_backend = "hf"  # no engines: dp only
+    cfg.engines.colocate_all_models = False
+    cfg.rollout.rollout_backend = "hf"  # no engines: dp only
     assert [d.gpus for d in planned_demands(cfg)] == [2, 6]
-    cfg.rollout_backend = "vllm"
+    cfg.rollout.rollout_backend = "vllm"
     # 6 policy GPUs fit A, one TP-4 engine fits B (4 free), the second fits nowhere
     cfg.agents[1] = AgentConfig(name="l", pretrain="/m/l", dp_size=6, vllm_num_engines=2, vllm_tensor_parallel_size=4)
+    cfg.validate()  # the agents resolved again
     with pytest.raises(ValueError, match=r"agent 'l' cannot be placed on any node: it needs 6 GPU bundle\(s\) .*"
                                          r"10\.0\.0\.2 \(bb22bb22\): 4 of 8 GPUs free"):
         check_node_placement(plan_agents(cfg, on_gpu=True), NODES)

@@ -33,7 +33,7 @@ def _build(agent_path: str, tmp_path, stage: int, *flags: str):
     init_gloo_world()
     cfg = worker_config(agent_path, tmp_path, "--zero_stage", str(stage), "--lr_scheduler", "constant",
                         "--actor_learning_rate", str(LR), *flags)
-    return build_policy_engine(cfg, cfg.resolved_agents()[0], LoraPlan(), total_updates=8)
+    return build_policy_engine(cfg, cfg.resolved_agents[0], LoraPlan(), total_updates=8)
 
 
 def _batch(seed: int) -> torch.Tensor:
@@ -133,7 +133,7 @@ def test_offloaded_checkpoint_resumes_exactly(stage, flags, bf16_tied_agent, tmp
     on both: the same parameters, bit for bit."""
     from openrlhf_hacpo.actors.policy_io import PolicyIO
 
-    agent = worker_config(bf16_tied_agent, tmp_path, "--zero_stage", str(stage), *flags).resolved_agents()[0]
+    agent = worker_config(bf16_tied_agent, tmp_path, "--zero_stage", str(stage), *flags).resolved_agents[0]
     first = _build(bf16_tied_agent, tmp_path / "a", stage, *flags)
     _update(first, _batch(1))
     cpu = torch.device("cpu")

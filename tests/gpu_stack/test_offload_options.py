@@ -36,7 +36,7 @@ def test_offload_options_outside_their_zero_stages_are_refused_naming_agent_and_
 def test_agents_inherit_the_run_wide_memory_options_unless_they_set_their_own():
     cfg = _config("--zero_stage", "3", "--param_offload", "--adam_offload", "--ref_reward_offload",
                   agent="adam_offload=false")
-    agent = cfg.resolved_agents()[0]
+    agent = cfg.resolved_agents[0]
     assert (agent.adam_offload, agent.param_offload, agent.deepspeed_enable_sleep, agent.ref_reward_offload) == \
         (False, True, False, True)
     allowed = [("1", ("--adam_offload", "--deepspeed_enable_sleep")), ("2", ("--adam_offload",)),
@@ -49,7 +49,7 @@ def test_ds_config_offloads_the_optimizer_and_zero3_parameters_to_pinned_cpu_mem
     for stage, flags, optimizer, params in [("2", (), False, False), ("2", ("--adam_offload",), True, False),
                                             ("3", ("--adam_offload", "--param_offload"), True, True)]:
         cfg = worker_config("/m/qwen", tmp_path, "--zero_stage", stage, *flags)
-        zero = build_ds_config(cfg, cfg.resolved_agents()[0])["zero_optimization"]
+        zero = build_ds_config(cfg, cfg.resolved_agents[0])["zero_optimization"]
         assert zero["stage"] == int(stage)
         assert zero.get("offload_optimizer") == ({"device": "cpu", "pin_memory": True} if optimizer else None)
         assert zero.get("offload_param") == ({"device": "cpu", "pin_memory": True} if params else None)

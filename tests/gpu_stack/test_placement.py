@@ -93,7 +93,7 @@ def test_weight_sync_path_per_layout(use_gpu, colocate, dp, engines, tp, expecte
 
     agent = AgentConfig(name="a", pretrain="/models/a", dp_size=dp, vllm_num_engines=engines,
                         vllm_tensor_parallel_size=tp)
-    cfg = TrainConfig(agents=[agent], prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2,
+    cfg = TrainConfig.of(agents=[agent], prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2,
                       n_samples_per_prompt=2, train_batch_size=4, micro_train_batch_size=1,
                       colocate_all_models=colocate)
     assert AgentGroup(cfg, plan_agents(cfg, on_gpu=use_gpu)[0], total_updates=1).weight_sync_mode() == expected
@@ -105,7 +105,7 @@ def test_cpu_engines_of_each_agent_take_the_next_core_ranges():
 
     agents = [AgentConfig(name="a", pretrain="/m/a", vllm_num_engines=1),
               AgentConfig(name="b", pretrain="/m/b", vllm_num_engines=2)]
-    cfg = TrainConfig(agents=agents, prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2,
+    cfg = TrainConfig.of(agents=agents, prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2,
                       n_samples_per_prompt=2, train_batch_size=4, micro_train_batch_size=1)
     a, b = plan_agents(cfg, on_gpu=False)
     assert a.cpu_core_binds({5, 4, 3, 2, 1, 0}) == ["0,1"]

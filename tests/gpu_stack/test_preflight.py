@@ -22,7 +22,7 @@ def _cfg(agents, **kw) -> TrainConfig:
     defaults = dict(prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2, n_samples_per_prompt=2,
                     train_batch_size=4, micro_train_batch_size=1, prompt_max_len=64, generate_max_len=32)
     defaults.update(kw)
-    return TrainConfig(agents=agents, **defaults)
+    return TrainConfig.of(agents=agents, **defaults)
 
 
 def _plans(cfg: TrainConfig):
@@ -38,8 +38,9 @@ def test_three_four_gpu_agents_do_not_fit_eight_gpus():
     cfg = _cfg([_agent("a", dp_size=2, vllm_num_engines=2), _agent("b", dp_size=2, vllm_num_engines=1,
                vllm_tensor_parallel_size=2), _agent("c", dp_size=4, vllm_num_engines=0)], rollout_backend="hf")
     assert gpu_demand(_plans(cfg)) == [GpuDemand("a", 2, 0), GpuDemand("b", 2, 0), GpuDemand("c", 4, 0)]
-    cfg.rollout_backend = "vllm"
+    cfg.rollout.rollout_backend = "vllm"
     cfg.agents[2] = _agent("c", dp_size=2, vllm_num_engines=2)
+    cfg.validate()  # the agents resolved again
     assert gpu_demand(_plans(cfg)) == [GpuDemand("a", 2, 2), GpuDemand("b", 2, 2), GpuDemand("c", 2, 2)]
     each = r"4 \(2 policy \+ 2 vLLM\)"
     with pytest.raises(ValueError, match=rf"need 12 GPUs \(dedicated engine GPUs\): 'a' {each}, 'b' {each}, "
@@ -87,7 +88,7 @@ def test_flash_attention_falls_back_to_sdpa_without_flash_attn():
                attn_implementation="flash_attention_2")
     assert resolve_attention(cfg, flash_attn_available=True) == []
     assert resolve_attention(cfg, flash_attn_available=False) == ["a", "b"]
-    assert [a.attn_implementation for a in cfg.resolved_agents()] == ["sdpa", "sdpa"]
+    assert [a.attn_implementation for a in cfg.resolved_agents] == ["sdpa", "sdpa"]
 
 
 def test_hub_ids_are_downloaded_for_the_vllm_backend(tmp_path):

@@ -21,7 +21,7 @@ def _cfg(agents, **kw) -> TrainConfig:
     defaults = dict(prompt_data="unused.jsonl", rollout_backend="vllm", rollout_batch_size=2, n_samples_per_prompt=2,
                     train_batch_size=4, micro_train_batch_size=1, prompt_max_len=64, generate_max_len=32)
     defaults.update(kw)
-    return TrainConfig(agents=agents, **defaults)
+    return TrainConfig.of(agents=agents, **defaults)
 
 
 def _config(head_dim):
@@ -80,7 +80,7 @@ def test_a_flash_attn_that_fails_to_import_falls_back_to_sdpa(flash_attn_path, c
     cfg = _cfg([AgentConfig(name="a", pretrain="/models/a")], attn_implementation="flash_attention_2")
     with caplog.at_level(logging.WARNING, logger="openrlhf_hacpo"):
         assert resolve_attention(cfg) == ["a"]
-    assert cfg.resolved_agents()[0].attn_implementation == "sdpa"
+    assert cfg.resolved_agents[0].attn_implementation == "sdpa"
     assert "undefined symbol" in caplog.text and "ImportError" in caplog.text
 
 
@@ -88,4 +88,4 @@ def test_a_flash_attn_that_imports_is_kept(flash_attn_path):
     _stand_in_flash_attn(flash_attn_path, "__version__ = '2.8.3'\n")
     cfg = _cfg([AgentConfig(name="a", pretrain="/models/a")], attn_implementation="flash_attention_2")
     assert resolve_attention(cfg) == []
-    assert cfg.resolved_agents()[0].attn_implementation == "flash_attention_2"
+    assert cfg.resolved_agents[0].attn_implementation == "flash_attention_2"

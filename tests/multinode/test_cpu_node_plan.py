@@ -17,7 +17,7 @@ B = ClusterNode("bb22" * 8, "192.0.2.2", 0, 3.0, frozenset({"nodeB"}))
 
 def _cfg(*agents: AgentConfig, **kw) -> TrainConfig:
     sizes = dict(rollout_batch_size=4, n_samples_per_prompt=2, train_batch_size=8, micro_train_batch_size=1)
-    return TrainConfig(agents=list(agents), prompt_data="unused.jsonl", **{**sizes, **kw})
+    return TrainConfig.of(agents=list(agents), prompt_data="unused.jsonl", **{**sizes, **kw})
 
 
 def test_a_cpu_node_offers_its_whole_cpus_and_no_gpus():

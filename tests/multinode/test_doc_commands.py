@@ -46,8 +46,9 @@ def test_the_pin_examples_parse_to_the_nodes_their_comments_name():
 def test_the_cpu_launches_pin_llama_to_the_head_and_qwens_two_ranks_to_the_other_node(role):
     cmd = doc.command(role)
     cfg = build_config(doc.substitute(cmd.argv[3:], PLACEHOLDERS, REST))
-    assert cfg.device == "cpu" and cfg.ray_address == ("127.0.0.1:6379" if "--ray_address" in cmd.argv else None)
-    assert [(a.name, a.node, a.dp_size) for a in cfg.resolved_agents()] == [("llama", "nodeA", 1), ("qwen", "nodeB", 2)]
+    assert cfg.cluster.device == "cpu"
+    assert cfg.cluster.ray_address == ("127.0.0.1:6379" if "--ray_address" in cmd.argv else None)
+    assert [(a.name, a.node, a.dp_size) for a in cfg.resolved_agents] == [("llama", "nodeA", 1), ("qwen", "nodeB", 2)]
 
 
 def test_the_gpu_launch_plans_each_agent_on_its_own_node_of_8_gpus():

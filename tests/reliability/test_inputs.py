@@ -60,7 +60,7 @@ def test_one_sample_per_prompt_is_fine_for_hacpo_with_two_agents():
     cfg = build_config(["--agent", "name=a,pretrain=/m", "--agent", "name=b,pretrain=/n", "--prompt_data", "x.jsonl",
                         "--n_samples_per_prompt", "1", "--rollout_batch_size", "2", "--train_batch_size", "4",
                         "--micro_train_batch_size", "2"])
-    assert cfg.n_samples_per_prompt == 1
+    assert cfg.rollout.n_samples_per_prompt == 1
 
 
 def test_learning_rate_zero_needs_an_explicit_flag():
@@ -68,12 +68,12 @@ def test_learning_rate_zero_needs_an_explicit_flag():
         build_config(_flags("--actor_learning_rate", "0"))
     with pytest.raises(ValueError, match=r"agent 'b' has learning rate 0"):
         build_config(_flags("--agent", "name=b,pretrain=/n,learning_rate=0.0"))
-    assert build_config(_flags("--actor_learning_rate", "0", "--allow_zero_lr")).allow_zero_lr
+    assert build_config(_flags("--actor_learning_rate", "0", "--allow_zero_lr")).optim.allow_zero_lr
 
 
 def test_reward_timeout_is_kept_without_reward_workers():
     cfg = build_config(_flags("--reward_num_workers", "0", "--reward_timeout", "5"))
-    assert (cfg.reward_num_workers, cfg.reward_timeout) == (0, 5.0)
+    assert (cfg.rewards.reward_num_workers, cfg.rewards.reward_timeout) == (0, 5.0)
 
 
 def test_max_steps_beyond_the_data_is_announced_with_the_numbers():

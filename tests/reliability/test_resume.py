@@ -25,7 +25,7 @@ def _flags(save_path, *extra: str) -> list[str]:
 def _checkpoint_of(cfg) -> None:
     """Step 2 of a run with ``cfg``, as the controller writes it."""
     state = {"step": 2, "agents": cfg.agent_names, "algorithm": cfg.algo.algorithm, "rng": capture_rng_state(False),
-             "seed": cfg.seed, "fingerprint": config_fingerprint(cfg)}
+             "seed": cfg.train.seed, "fingerprint": config_fingerprint(cfg)}
 
     def write_agents(tmp):
         CheckpointManager.agent_dir(tmp, "llama").mkdir(parents=True)

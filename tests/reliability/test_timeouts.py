@@ -90,4 +90,4 @@ def test_phase_timeout_is_the_step_timeout_flag():
              "--rollout_batch_size", "2", "--train_batch_size", "4", "--micro_train_batch_size", "2"]
     assert group(build_config(flags + ["--step_timeout", "42"])).timeout_s == 42.0
     assert group(build_config(flags + ["--step_timeout", "0"])).timeout_s is None
-    assert build_config(flags).step_timeout == 3600.0
+    assert build_config(flags).cluster.step_timeout == 3600.0

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from openrlhf_hacpo.cli.train_hacpo import build_config
+from openrlhf_hacpo.config import FLAT_NAMES
 from openrlhf_hacpo.reproduce.evaluate import LAUNCHER_METHODS, LAUNCHER_PAIRS
 from openrlhf_hacpo.reproduce.paper_tables import paper_model_name
 
@@ -51,18 +52,18 @@ def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, me
     assert [a.pretrain for a in cfg.agents] == models
     assert [a.name for a in cfg.agents] == [paper_model_name(m) for m in models]  # labels of the evaluation
     assert cfg.algo.algorithm == algorithm
-    assert cfg.n_samples_per_prompt == samples and cfg.updates_per_step == updates
-    assert cfg.rollout_backend == "vllm" and cfg.reward_fn == "boxed_exact"
+    assert cfg.rollout.n_samples_per_prompt == samples and cfg.updates_per_step == updates
+    assert cfg.rollout.rollout_backend == "vllm" and cfg.rewards.reward_fn == "boxed_exact"
     # the files `python -m openrlhf_hacpo.cli.prepare` writes by default
-    assert cfg.prompt_data == "/c/reproduce/data/math_train.jsonl"
-    assert cfg.eval_data == "/c/reproduce/data/math500.jsonl"
-    assert cfg.eval_steps == 3 and cfg.eval_before_training
+    assert cfg.prompts.prompt_data == "/c/reproduce/data/math_train.jsonl"
+    assert cfg.eval.eval_data == "/c/reproduce/data/math500.jsonl"
+    assert cfg.eval.eval_steps == 3 and cfg.eval.eval_before_training
     # training and in-training validation at the paper's training length (App. A, both official launchers); 8196 is
     # the evaluation length of Tables 1, 2, 3 and 7 (cli.evaluate)
-    assert cfg.generate_max_len == cfg.eval_generate_max_len == 4096 and cfg.prompt_max_len == 1024
+    assert cfg.prompts.generate_max_len == cfg.eval.eval_generate_max_len == 4096 and cfg.prompts.prompt_max_len == 1024
     # the main branch, which produced the paper's numbers: the final EOS trained, foreign text with its EOS string
-    assert cfg.eos_policy == "text"
-    assert cfg.save_path == f"runs/table1/{pair}/{method}"
+    assert cfg.rollout.eos_policy == "text"
+    assert cfg.outputs.save_path == f"runs/table1/{pair}/{method}"
     if algorithm == "grpo":
         assert (cfg.algo.loss.params.eps_low, cfg.algo.loss.params.eps_high) == (0.2, 0.28)
         assert cfg.algo.loss.params.loss_agg == "seq-mean-token-mean"  # the paper's GRPO formula, a documented choice
@@ -70,7 +71,8 @@ def test_every_pair_and_method_parses_with_the_paper_settings(tmp_path, pair, me
     else:
         assert (cfg.algo.loss.params.eps_low, cfg.algo.loss.params.eps_high) == (3e-4, 4e-4)
     if algorithm == "hacpo":
-        assert (cfg.algo.loss.params.alpha, cfg.algo.loss.params.delta, cfg.algo.loss.params.delta_step) == (alpha, delta, delta_step)
+        loss = cfg.algo.loss.params
+        assert (loss.alpha, loss.delta, loss.delta_step) == (alpha, delta, delta_step)
 
 
 def test_the_evaluation_knows_every_pair_and_method():
@@ -82,11 +84,12 @@ def test_variables_and_trailing_flags_override(tmp_path):
     argv = _argv_of(tmp_path, "qwen3_1.7b_4b", "hacpo", "--max_steps", "6",
                     env={"MODEL_A": "/m/a", "DATA_DIR": "/d", "SAVE_PATH": "/r", "GENERATE_MAX_LEN": "4096"})
     cfg = build_config(argv)
-    assert cfg.agents[0].pretrain == "/m/a" and cfg.prompt_data == "/d/math_train.jsonl"
-    assert cfg.save_path == "/r" and cfg.generate_max_len == 4096 and cfg.max_steps == 6
+    assert cfg.agents[0].pretrain == "/m/a" and cfg.prompts.prompt_data == "/d/math_train.jsonl"
+    assert cfg.outputs.save_path == "/r" and cfg.prompts.generate_max_len == 4096 and cfg.train.max_steps == 6
     argv = _argv_of(tmp_path, "qwen3_1.7b_4b", "grpo", env={"GENERATE_MAX_LEN": "8196"})
     cfg = build_config([*argv, "--loss_agg", "token-mean"])
-    assert cfg.generate_max_len == cfg.eval_generate_max_len == 8196 and cfg.algo.loss.params.loss_agg == "token-mean"
+    assert cfg.prompts.generate_max_len == cfg.eval.eval_generate_max_len == 8196
+    assert cfg.algo.loss.params.loss_agg == "token-mean"
 
 
 @pytest.mark.parametrize("method", ["gspo", "gspo_x2", "grpo"])
@@ -116,13 +119,16 @@ def test_the_small_scale_keeps_the_method_flags(tmp_path, method):
     paper = build_config(_argv_of(tmp_path, "qwen3_1.7b_4b", method))
     assert [(a.name, a.pretrain) for a in small.agents] == [("SmolLM2-135M-Instruct", "/m/smol"), ("qwenS", "/m/zoo")]
     assert small.algo == paper.algo  # algorithm, clips, alpha, delta, delta_step, window, KL, aggregation
-    assert small.n_samples_per_prompt * 4 == paper.n_samples_per_prompt
+    assert small.rollout.n_samples_per_prompt * 4 == paper.rollout.n_samples_per_prompt
     assert small.updates_per_step == SMALL_UPDATES[method]
-    assert not small.use_ray and small.rollout_backend == "hf" and small.zero_stage == 0 and not small.bf16
-    assert small.max_steps == 2 and small.generate_max_len == small.eval_generate_max_len == 8
-    assert small.prompt_data == small.eval_data == "/d/champ_small.jsonl" and small.prompt_max_len == 112
+    assert not small.cluster.use_ray and small.rollout.rollout_backend == "hf"
+    assert small.agent_defaults.zero_stage == 0 and not small.agent_defaults.bf16
+    assert small.train.max_steps == 2 and small.prompts.generate_max_len == small.eval.eval_generate_max_len == 8
+    assert small.prompts.prompt_data == small.eval.eval_data == "/d/champ_small.jsonl"
+    assert small.prompts.prompt_max_len == 112
     for name in ("eos_policy", "reward_fn", "eval_before_training", "eval_steps", "seed", "drop_long_prompts"):
-        assert getattr(small, name) == getattr(paper, name), name
+        section, field = FLAT_NAMES[name]
+        assert getattr(getattr(small, section), field) == getattr(getattr(paper, section), field), name
 
 
 @pytest.mark.integration

@@ -68,13 +68,14 @@ def test_keeps_engine_logps_and_the_refusals_name_the_flags():
         build_config(BASE + ["--rollout_is"])
     with pytest.raises(ValueError, match="--rollout_is needs --temperature 1, got --temperature 0.7"):
         build_config(BASE + ENGINES + ["--rollout_is", "--temperature", "0.7"])
-    with pytest.raises(ValueError, match=r"--rollout_is_mode \(PolicyLossConfig.params.rollout_is_mode\) = 'mask' sets the "
-                                         r"training-inference correction, which is off: turn it on with --rollout_is"):
+    with pytest.raises(ValueError, match=r"--rollout_is_mode \(PolicyLossConfig.params.rollout_is_mode\) = 'mask' sets "
+                                         r"the training-inference correction, which is off: turn it on with "
+                                         r"--rollout_is"):
         build_config(BASE + ENGINES + ["--rollout_is_mode", "mask"])
     with pytest.raises(ValueError, match=r"--rollout_is_threshold_lower .* is a bound of the mask mode"):
         build_config(BASE + ENGINES + ["--rollout_is", "--rollout_is_threshold_lower", "0.5"])
-    with pytest.raises(ValueError, match=r"--rollout_is_threshold \(PolicyLossConfig.params.rollout_is_threshold\) must be "
-                                         r">= 1, got 0.8"):
+    with pytest.raises(ValueError, match=r"--rollout_is_threshold \(PolicyLossConfig.params.rollout_is_threshold\) "
+                                         r"must be >= 1, got 0.8"):
         build_config(BASE + ENGINES + ["--rollout_is", "--rollout_is_threshold", "0.8"])
 
 
@@ -88,7 +89,7 @@ def test_the_settings_reach_the_kernel_and_the_fingerprint_only_when_on():
     assert not any(k.startswith("algo.loss.rollout_is") for k in config_fingerprint(build_config(BASE + ENGINES)))
     # LoRA agents need nothing of their own: the correction is in the loss, the adapter in the model
     lora = build_config(BASE + ENGINES + ["--rollout_is", "--lora_rank", "4"])
-    assert lora.keeps_engine_logps and lora.resolved_agents()[0].lora_rank == 4
+    assert lora.keeps_engine_logps and lora.resolved_agents[0].lora_rank == 4
 
 
 def test_the_view_takes_engine_old_log_probs_only_with_behaviour():

@@ -17,7 +17,7 @@ def fit_with_weights(cfg) -> tuple[list[list[dict[str, Any]]], list[dict[str, An
         controller.fit()
         weights = []
         for group in controller.groups:
-            if cfg.use_ray:  # every rank takes part in ZeRO-3's gathers; rank 0's copy is the full weights
+            if cfg.cluster.use_ray:  # every rank takes part in ZeRO-3's gathers; rank 0's copy is the full weights
                 import ray
 
                 weights.append(ray.get([p.state_dict_for_sync.remote() for p in group.policies])[0])

@@ -99,7 +99,7 @@ def test_vllm_engines_have_room_for_the_longer_evaluation_responses(monkeypatch,
 
     seen = {}
     monkeypatch.setattr(vllm_engine, "create_vllm_engines", lambda *a, **kw: seen.update(kw) or [])
-    cfg = TrainConfig(agents=[AgentConfig("a", "/m/a")], prompt_data="d.jsonl", rollout_backend="vllm",
+    cfg = TrainConfig.of(agents=[AgentConfig("a", "/m/a")], prompt_data="d.jsonl", rollout_backend="vllm",
                       vllm_num_engines=1, prompt_max_len=64, generate_max_len=16, eval_data="e.jsonl",
                       eval_generate_max_len=eval_len, rollout_batch_size=2, n_samples_per_prompt=2,
                       train_batch_size=4, micro_train_batch_size=2)

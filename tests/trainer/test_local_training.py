@@ -107,7 +107,7 @@ def test_nonfinite_loss_skips_the_update_and_counts_it(tmp_path, tiny_agents, ba
         record = controller.history[0][0]
         assert record["skipped_updates"] == 1 and record["skipped_updates/step"] == 1
         assert _max_diff(controller.groups[0].weights(), _weights(tiny_agents["llama"])) == 0.0
-        controller.cfg.max_steps = 2  # one more, clean step: the update happens, the counter stays
+        controller.cfg.train.max_steps = 2  # one more, clean step: the update happens, the counter stays
         controller.fit()
         record = controller.history[1][0]
         assert record["skipped_updates"] == 1 and record["skipped_updates/step"] == 0

@@ -333,7 +333,7 @@ def test_table_lists_every_gpu():
 
 # ------------------------------------------------------------------------------------------ launch
 def _config(**extra) -> TrainConfig:
-    return TrainConfig(agents=[AgentConfig(name="q8", pretrain="models/q8")], prompt_data="p.jsonl",
+    return TrainConfig.of(agents=[AgentConfig(name="q8", pretrain="models/q8")], prompt_data="p.jsonl",
                        rollout_backend="vllm", vllm_num_engines=2, actor_num_gpus_per_node=2, zero_stage=3,
                        bf16=True, micro_train_batch_size=4, **extra)
 
@@ -400,11 +400,11 @@ def test_gpu_preflight_prints_and_applies_the_plan(tmp_path, caplog):
     _tiny_configs()["qwen3 tied"].save_pretrained(tmp_path)
     agents = [AgentConfig(name="tiny", pretrain=str(tmp_path))]
     # fp32: the 1 GiB CUDA context and DeepSpeed's reduce bucket of 5e8 x 4 bytes (1.86 GiB, x 1.1) are most of it
-    fits = TrainConfig(agents=agents, prompt_data="p.jsonl", use_ray=False, gpu_memory_gb=3.5)
+    fits = TrainConfig.of(agents=agents, prompt_data="p.jsonl", use_ray=False, gpu_memory_gb=3.5)
     with caplog.at_level("INFO", logger="openrlhf_hacpo"):
         run_gpu_stack_preflight(fits, plan_agents(fits, on_gpu=True), cluster_gpus=None)
     assert "memory plan per GPU" in caplog.text and "GPU size 3.5 GiB" in caplog.text
-    tight = TrainConfig(agents=agents, prompt_data="p.jsonl", use_ray=False, gpu_memory_gb=0.5)
+    tight = TrainConfig.of(agents=agents, prompt_data="p.jsonl", use_ray=False, gpu_memory_gb=0.5)
     with pytest.raises(ValueError, match="agent 'tiny'.*0.5 GiB"):  # 1 GiB of CUDA context alone exceeds it
         run_gpu_stack_preflight(tight, plan_agents(tight, on_gpu=True), cluster_gpus=None)
     run_gpu_stack_preflight(tight, plan_agents(tight, on_gpu=False), cluster_gpus=None)  # CPU runs: no plan

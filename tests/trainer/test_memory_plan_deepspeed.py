@@ -22,7 +22,7 @@ def _engine(tiny_agents, tmp_path, *flags):
     init_gloo_world()
     cfg = worker_config(tiny_agents["llama"], tmp_path, "--micro_train_batch_size", "2", "--lr_scheduler",
                         "constant", "--actor_learning_rate", "1e-3", *flags)
-    built = build_policy_engine(cfg, cfg.resolved_agents()[0], LoraPlan(), total_updates=2)
+    built = build_policy_engine(cfg, cfg.resolved_agents[0], LoraPlan(), total_updates=2)
     config = AutoConfig.from_pretrained(tiny_agents["llama"])
     (layout,) = agent_layouts(cfg, plan_agents(cfg, on_gpu=True), {"qwen": config})
     return built, config, layout

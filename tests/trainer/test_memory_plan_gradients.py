@@ -142,7 +142,7 @@ def test_accumulation_steps_from_the_run_config():
                                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                                     intermediate_size=128, tie_word_embeddings=True)}
     for batch, micro, dp, steps in ((512, 4, 2, 64), (8, 8, 1, 1), (16, 8, 1, 2)):
-        cfg = TrainConfig(agents=[AgentConfig(name="a", pretrain="models/a", dp_size=dp)], prompt_data="p.jsonl",
+        cfg = TrainConfig.of(agents=[AgentConfig(name="a", pretrain="models/a", dp_size=dp)], prompt_data="p.jsonl",
                           train_batch_size=batch, micro_train_batch_size=micro)
         (layout,) = agent_layouts(cfg, plan_agents(cfg, on_gpu=True), configs)
         assert layout.accumulation_steps == steps, (batch, micro, dp)

@@ -13,16 +13,25 @@ import torch
 from openrlhf_hacpo.actors.results import RolloutResult
 from openrlhf_hacpo.actors.scoring import mismatch_rows, mismatch_sampling
 from openrlhf_hacpo.algorithms.mismatch import row_summaries_ragged, summarize
-from openrlhf_hacpo.config import MISMATCH_ALARM
+from openrlhf_hacpo.config import FLAT_NAMES, MISMATCH_ALARM
 from openrlhf_hacpo.engines import GenerationOutput, SamplingConfig
 from openrlhf_hacpo.trainer.failures import TrainingError
 from openrlhf_hacpo.trainer.mismatch_watch import alarm_threshold, check_mismatch, mismatch_metrics
 
 
+def _sections(**settings) -> SimpleNamespace:
+    """A stand-in config: each setting (by its flat name) in its section, as ``TrainConfig`` holds it."""
+    sections: dict = {}
+    for name, value in settings.items():
+        section, field = FLAT_NAMES[name]
+        sections.setdefault(section, {})[field] = value
+    return SimpleNamespace(**{name: SimpleNamespace(**values) for name, values in sections.items()})
+
+
 @pytest.mark.parametrize("change", [dict(mismatch_metrics=False), dict(temperature=0.7),
                                     dict(old_logp_from_update=True)])
 def test_no_log_probs_where_they_cannot_be_compared(change):
-    cfg = SimpleNamespace(**{**dict(mismatch_metrics=True, temperature=1.0, old_logp_from_update=False), **change})
+    cfg = _sections(**{**dict(mismatch_metrics=True, temperature=1.0, old_logp_from_update=False), **change})
     assert not mismatch_sampling(cfg, SamplingConfig(n=1, max_new_tokens=4)).return_logprobs
 
 
@@ -67,7 +76,7 @@ def test_records_hold_own_figures_and_each_sources_figures_under_foreign_learner
 
 
 def _cfg(**kw):
-    return SimpleNamespace(**{"mismatch_alarm": 0.1, "one_step_off": False, "rollout_backend": "hf_engine", **kw})
+    return _sections(**{"mismatch_alarm": 0.1, "one_step_off": False, "rollout_backend": "hf_engine", **kw})
 
 
 def _agents(*names, bf16=False, engine_dtype=None):

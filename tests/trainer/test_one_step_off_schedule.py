@@ -111,7 +111,7 @@ def _cfg(tmp_path, **kw) -> TrainConfig:
                 n_samples_per_prompt=G, rollout_batch_size=PROMPTS, train_batch_size=2 * PROMPTS * G,
                 micro_train_batch_size=2, max_steps=4)
     base.update(kw)
-    return TrainConfig(**base)
+    return TrainConfig.of(**base)
 
 
 def _controller(cfg: TrainConfig, log: list) -> HACPOController:
@@ -236,9 +236,9 @@ def test_accepted_combinations(tmp_path):
     assert _cfg(tmp_path, one_step_off=True, temperature=0.7).resolved_own_old_logp == "recompute"
     assert _cfg(tmp_path).resolved_own_old_logp == "recompute"
     assert _cfg(tmp_path, one_step_off=True, own_old_logp="recompute").resolved_own_old_logp == "recompute"
-    assert _cfg(tmp_path, one_step_off=True, rollout_backend="vllm").one_step_off
+    assert _cfg(tmp_path, one_step_off=True, rollout_backend="vllm").train.one_step_off
     assert _cfg(tmp_path, one_step_off=True, own_old_logp="behaviour").resolved_own_old_logp == "behaviour"
-    assert not _cfg(tmp_path).one_step_off
+    assert not _cfg(tmp_path).train.one_step_off
 
 
 def test_behaviour_log_probs_are_the_own_rows_old_log_probs_and_foreign_rows_keep_the_scoring_means():

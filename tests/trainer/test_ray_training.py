@@ -128,10 +128,10 @@ def test_two_heterogeneous_agents_train_together_and_resume_exactly(ray_cluster,
     from openrlhf_hacpo.rollout import get_reward_fn
 
     eval_records = load_prompt_dataset(prompt_file, max_samples=4)
-    reward = get_reward_fn(cfg.reward_fn)
+    reward = get_reward_fn(cfg.rewards.reward_fn)
     for rec in evals[-2:]:  # the last step's, made with the exported weights
         model, tokenizer = _load(out / "hf" / rec["agent"])
-        responses = [_greedy(model, tokenizer, prompt_ids(tokenizer, r.prompt), cfg.generate_max_len)
+        responses = [_greedy(model, tokenizer, prompt_ids(tokenizer, r.prompt), cfg.prompts.generate_max_len)
                      for r in eval_records]
         expected = reward(responses, ["x"] * len(responses), [r.label for r in eval_records])
         assert rec["accuracy"] == pytest.approx(sum(v > 0 for v in expected) / len(expected))
@@ -189,7 +189,7 @@ def test_three_agents_and_a_dead_actor(ray_cluster, tmp_path, tiny_agents, base_
                    for n, p in initial.named_parameters()) > 1e-4
 
         ray.kill(controller.groups[1].policies[0])
-        controller.cfg.max_steps = 2
+        controller.cfg.train.max_steps = 2
         with pytest.raises(TrainingError, match=r"step 2 failed: agent 'qwen', policy rank 0, node .*, phase "
                                                 r"(generate|update): the worker died .*global_step1.*--resume"):
             controller.fit()

@@ -24,7 +24,7 @@ def test_trainer_evaluates_before_training_and_rebuild_is_validated(tmp_path):
     argv = trainer_argv(cfg, {"llamaS": tmp_path / "l", "qwenM": tmp_path / "q"},
                         {"train": tmp_path / "t.jsonl", "eval": tmp_path / "e.jsonl"})
     train = build_config(argv)
-    assert train.eval_before_training and train.eval_steps == 10
+    assert train.eval.eval_before_training and train.eval.eval_steps == 10
     with pytest.raises(ValueError, match="MainJobConfig.rebuild"):
         MainJobConfig(rebuild="yes")
     assert MainJobConfig(rebuild=True, output=tmp_path / "r").rebuild is True
