@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.trainer.checkpoint import CheckpointManager
@@ -19,9 +19,28 @@ from openrlhf_hacpo.trainer.run_folder import RunLock, check_run_folder, run_out
 from openrlhf_hacpo.utils.errors import CheckpointError, RunFolderError
 from openrlhf_hacpo.utils.logging_setup import LOG_FILE, attach_run_log
 
-__all__ = ["RunCheckpoints"]
+__all__ = ["RunCheckpoints", "check_resume_settings"]
 
 logger = logging.getLogger(__name__)
+
+
+def check_resume_settings(checkpoint: Path, state: Mapping[str, Any], fingerprint: Mapping[str, Any],
+                          accept_mismatch: bool) -> list[str]:
+    """``--resume``'s check of the settings: the checkpoint's trainer state (``trainer_state.pt``, whose JSON-safe
+    part ``trainer_state.json`` holds the same fingerprint) against this run's config fingerprint
+    (:func:`~openrlhf_hacpo.trainer.fingerprint.config_fingerprint`). A difference raises ``CheckpointError`` naming
+    each changed setting, unless ``accept_mismatch`` (``--resume_accept_mismatch``): then it is logged. Returns the
+    differences."""
+    stored = state.get("fingerprint")
+    differences = fingerprint_differences(stored, dict(fingerprint)) if stored is not None else []
+    if differences and not accept_mismatch:
+        raise CheckpointError(f"checkpoint {checkpoint} was written with other settings; resume with the same "
+                              "settings, or pass --resume_accept_mismatch to continue with the new ones: "
+                              + "; ".join(differences))
+    if differences:
+        logger.warning("--resume_accept_mismatch: continuing %s with changed settings: %s", checkpoint,
+                       "; ".join(differences))
+    return differences
 
 
 def _wait_all(pendings: Sequence[Any]) -> list[Any]:
@@ -77,15 +96,7 @@ class RunCheckpoints:
             raise ValueError(f"checkpoint {checkpoint} holds agents {state.get('agents')}, this run has "
                              f"{cfg.agent_names}")
         self.ckpt.check_complete(checkpoint, cfg.agent_names)
-        stored = state.get("fingerprint")
-        differences = fingerprint_differences(stored, self.fingerprint) if stored is not None else []
-        if differences and not cfg.outputs.resume_accept_mismatch:
-            raise CheckpointError(f"checkpoint {checkpoint} was written with other settings; resume with the same "
-                                  "settings, or pass --resume_accept_mismatch to continue with the new ones: "
-                                  + "; ".join(differences))
-        if differences:
-            logger.warning("--resume_accept_mismatch: continuing %s with changed settings: %s", checkpoint,
-                           "; ".join(differences))
+        check_resume_settings(checkpoint, state, self.fingerprint, cfg.outputs.resume_accept_mismatch)
         self.resume_state = (checkpoint, state)
 
     def save(self, step: int, trainer_state: dict[str, Any], groups: Sequence[Any]) -> Path:
