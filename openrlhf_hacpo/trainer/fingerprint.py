@@ -14,19 +14,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from openrlhf_hacpo.config import TrainConfig
+from openrlhf_hacpo.config import FLAT_NAMES, TrainConfig
 
 __all__ = ["config_fingerprint", "fingerprint_differences"]
 
-_RUN_FIELDS = {
-    "train": ("seed", "train_batch_size", "micro_train_batch_size", "max_epochs", "minibatch_order", "num_episodes"),
-    "prompts": ("prompt_data", "input_key", "label_key", "max_samples", "apply_chat_template", "prompt_max_len",
-                "generate_max_len"),
-    "rollout": ("n_samples_per_prompt", "rollout_batch_size", "temperature", "top_p", "top_k", "eos_policy"),
-    "rewards": ("reward_fn",),
-    "optim": ("lr_scheduler", "lr_warmup_steps", "min_lr_ratio", "max_norm", "l2"),
-}
-"""The run-wide settings fingerprinted, by section; each is stored under its name alone (``seed``, ``top_p``)."""
+_RUN_FIELDS = ("seed", "prompt_data", "input_key", "label_key", "max_samples", "apply_chat_template",
+               "prompt_max_len", "generate_max_len", "n_samples_per_prompt", "rollout_batch_size", "temperature",
+               "top_p", "top_k", "eos_policy", "reward_fn", "train_batch_size", "micro_train_batch_size",
+               "max_epochs", "minibatch_order", "lr_scheduler", "lr_warmup_steps", "min_lr_ratio", "max_norm",
+               "l2", "num_episodes")
+"""The run-wide settings fingerprinted, by their flat names (``FLAT_NAMES`` says which section holds each)."""
 _AGENT_FIELDS = ("pretrain", "tokenizer", "learning_rate", "zero_stage", "bf16", "dp_size")
 _LORA_FIELDS = ("lora_rank", "lora_alpha", "lora_dropout", "target_modules")
 """Fingerprinted for agents with ``lora_rank`` > 0 only, so full-parameter fingerprints stay as they were."""
@@ -51,9 +48,9 @@ def config_fingerprint(cfg: TrainConfig) -> dict[str, Any]:
     out.update({f"algo.loss.{k}": _plain(v) for k, v in algo.loss.settings().items()})
     if not algo.loss.params.rollout_is:
         out = {k: v for k, v in out.items() if not k.startswith(_ROLLOUT_IS_PREFIX)}
-    for section, names in _RUN_FIELDS.items():
-        values = getattr(cfg, section)
-        out.update({name: _plain(getattr(values, name)) for name in names})
+    for name in _RUN_FIELDS:
+        section, field = FLAT_NAMES[name]
+        out[name] = _plain(getattr(getattr(cfg, section), field))
     if cfg.train.one_step_off:
         out.update({"one_step_off": True, "own_old_logp": cfg.resolved_own_old_logp})
     for agent in cfg.resolved_agents:
