@@ -19,12 +19,12 @@ import torch
 
 from openrlhf_hacpo.actors.agent_plan import LoraPlan
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
-from openrlhf_hacpo.utils.network import free_port, gloo_interface, host_interfaces, is_loopback
+from openrlhf_hacpo.utils.network import gloo_interface, host_interfaces, is_loopback
 from openrlhf_hacpo.utils.op_build import use_interpreter_ninja
 
 __all__ = ["EngineStateSleep", "TrainingParts", "SkipAwareScheduler", "SkippableAdamW", "SkippableOptimizer",
            "SkipStepMixin", "build_ds_config", "build_optimizer", "build_policy_engine", "init_agent_process_group",
-           "skippable_cpu_adam_class"]
+           "listening_store", "skippable_cpu_adam_class"]
 
 
 class SkippableOptimizer(Protocol):
@@ -192,10 +192,30 @@ def _grouped_parameters(model: torch.nn.Module, weight_decay: float) -> list[dic
     return [g for g in groups if g["params"]]
 
 
+def listening_store(host: str, world_size: int) -> torch.distributed.TCPStore:
+    """Rank 0's TCP store for its agent's process group, listening on a port the system picks while binding it
+    (port 0; ``store.port`` says which). Nothing can take that port between its choice and the listen, which a port
+    found free and bound later (:func:`~openrlhf_hacpo.utils.network.free_port`) cannot promise on a busy machine:
+    any outgoing connection may take it as its local port. The other ranks meet it at ``(host, store.port)``."""
+    from deepspeed.constants import default_pg_timeout
+
+    return torch.distributed.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
+                                      timeout=default_pg_timeout)
+
+
 def init_agent_process_group(cfg: TrainConfig, agent: AgentConfig, rank: int, world_size: int,
-                             master_addr: str | None, master_port: int | None, device: torch.device) -> None:
-    """Join (or create) the agent's process group; a process already in a group of another size is an error."""
+                             master_addr: str | None, master_port: int | None, device: torch.device,
+                             store: torch.distributed.TCPStore | None = None) -> None:
+    """Join (or create) the agent's process group; a process already in a group of another size is an error.
+
+    The group meets on rank 0's TCP store: rank 0 passes ``store`` (:func:`listening_store`, started when the
+    rendezvous was announced) or, with no port given, starts one here; every other rank connects to
+    ``master_addr:master_port``. ``torch.distributed`` is initialised on that store with DeepSpeed's timeout (and,
+    on GPUs, this rank's CUDA device, as DeepSpeed's own initialisation would), and DeepSpeed takes the group as it
+    is (``deepspeed.init_distributed`` on an initialised group).
+    """
     import deepspeed
+    from deepspeed.constants import default_pg_timeout
 
     if torch.distributed.is_initialized():
         if torch.distributed.get_world_size() != world_size:
@@ -203,12 +223,18 @@ def init_agent_process_group(cfg: TrainConfig, agent: AgentConfig, rank: int, wo
                 f"agent {agent.name!r}: this process already belongs to a process group of size "
                 f"{torch.distributed.get_world_size()}, expected {world_size}")
         return
-    os.environ["MASTER_ADDR"] = master_addr or cfg.cluster.bind_host
-    os.environ["MASTER_PORT"] = str(master_port or free_port(os.environ["MASTER_ADDR"]))
+    address = master_addr or cfg.cluster.bind_host
+    if store is None:
+        if master_port is None and rank != 0:
+            raise ValueError(f"agent {agent.name!r}: rank {rank} needs the port of rank 0's store (master_port)")
+        store = (listening_store(address, world_size) if master_port is None else
+                 torch.distributed.TCPStore(address, master_port, world_size, is_master=rank == 0,
+                                            wait_for_workers=False, timeout=default_pg_timeout))
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = address, str(store.port)
     if "GLOO_SOCKET_IFNAME" not in os.environ:
         # gloo's pair connections leave through this rank's own address: loopback when the group meets on loopback
         # (every rank on this machine), else this worker's node address (other ranks may sit on other nodes)
-        own_address = os.environ["MASTER_ADDR"]
+        own_address = address
         if not is_loopback(own_address):
             import ray
 
@@ -221,6 +247,9 @@ def init_agent_process_group(cfg: TrainConfig, agent: AgentConfig, rank: int, wo
     os.environ["LOCAL_RANK"] = str(torch.cuda.current_device() if device.type == "cuda" else 0)
     backend = "nccl" if device.type == "cuda" else "gloo"
     use_interpreter_ninja()  # DeepSpeed builds (or finds built) its CPU collective op here
+    extra = {"device_id": torch.device("cuda", torch.cuda.current_device())} if device.type == "cuda" else {}
+    torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                         timeout=default_pg_timeout, **extra)
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)
 
 

@@ -21,7 +21,7 @@ import torch
 
 from openrlhf_hacpo.actors import first_update
 from openrlhf_hacpo.actors.agent_plan import AgentPlan
-from openrlhf_hacpo.actors.deepspeed_setup import build_policy_engine, init_agent_process_group
+from openrlhf_hacpo.actors.deepspeed_setup import build_policy_engine, init_agent_process_group, listening_store
 from openrlhf_hacpo.actors.lora import AdapterDisabledReference
 from openrlhf_hacpo.actors.policy_io import PolicyIO
 from openrlhf_hacpo.actors.results import RankTrainResult, RolloutResult, WorkerInfo, WorkerResources
@@ -33,7 +33,7 @@ from openrlhf_hacpo.config import TrainConfig
 from openrlhf_hacpo.engines.base import GenerationOutput, SamplingConfig
 from openrlhf_hacpo.models.tokenizer import load_tokenizer
 from openrlhf_hacpo.rollout import Trajectory
-from openrlhf_hacpo.utils.network import free_port, rendezvous_host
+from openrlhf_hacpo.utils.network import rendezvous_host
 from openrlhf_hacpo.utils.process_memory import process_memory
 from openrlhf_hacpo.utils.timing import PhaseTimer, with_rest
 
@@ -49,7 +49,8 @@ class PolicyWorker:
             adapter and where its reference log-probs come from.
         rank / world_size: data-parallel rank of this worker within the agent and the agent's worker count.
         master_addr / master_port: rendezvous of the agent's process group (rank 0's address; see
-            :meth:`get_master_addr_port`). ``None`` on rank 0 of a single-worker agent picks a free local port.
+            :meth:`get_master_addr_port`, which starts rank 0's store). ``None`` on rank 0 of a single-worker agent:
+            its store listens on a port the system picks.
         total_updates: optimizer updates of the whole run (for the learning-rate schedule).
     """
 
@@ -61,16 +62,19 @@ class PolicyWorker:
         self.agent = cfg.resolved_agents[plan.index]  # model, tokenizer and optimizer settings
         self.rank, self.world_size = rank, world_size
         self.master_addr, self.master_port = master_addr, master_port
+        self.store: torch.distributed.TCPStore | None = None  # rank 0's, from get_master_addr_port (dp > 1)
         self.total_updates = total_updates
 
     def get_master_addr_port(self, started_local_ray: bool) -> tuple[str, int]:
         """Rendezvous of the agent's process group (called on rank 0): ``--bind_host`` (loopback by default) when the
         driver started its own local Ray, else this node's address, however the run joined its cluster
-        (:func:`~openrlhf_hacpo.utils.network.rendezvous_host`)."""
+        (:func:`~openrlhf_hacpo.utils.network.rendezvous_host`), and the port of the group's store, listening from
+        here on (:func:`~openrlhf_hacpo.actors.deepspeed_setup.listening_store`)."""
         import ray
 
         address = rendezvous_host(started_local_ray, self.cfg.cluster.bind_host, ray.util.get_node_ip_address())
-        return address, free_port(address)
+        self.store = listening_store(address, self.world_size)  # held until setup() builds the group on it
+        return address, self.store.port
 
     def setup(self, master_addr: str | None = None, master_port: int | None = None) -> WorkerInfo:
         """Join the agent's process group, load tokenizer and model, build the DeepSpeed engine and the parts.
@@ -86,7 +90,7 @@ class PolicyWorker:
         agent = self.agent
         self.device = actor_device(self.cfg.cluster.device)
         init_agent_process_group(self.cfg, agent, self.rank, self.world_size, self.master_addr, self.master_port,
-                                 self.device)
+                                 self.device, store=self.store)
         self.tokenizer = load_tokenizer(agent.tokenizer_path, agent.chat_template, owner=f"agent {agent.name!r}")
         built = build_policy_engine(self.cfg, agent, self.plan.lora, self.total_updates)
         self.engine, self.model, self.client_optimizer = built.engine, built.model, built.client_optimizer
