@@ -23,7 +23,7 @@ from openrlhf_hacpo.utils.network import gloo_interface, host_interfaces, is_loo
 from openrlhf_hacpo.utils.op_build import use_interpreter_ninja
 
 __all__ = ["EngineStateSleep", "TrainingParts", "SkipAwareScheduler", "SkippableAdamW", "SkippableOptimizer",
-           "SkipStepMixin", "build_ds_config", "build_optimizer", "build_policy_engine", "init_agent_process_group",
+           "SkipStepMixin", "binds_cuda_device", "build_ds_config", "build_optimizer", "build_policy_engine", "init_agent_process_group",
            "listening_store", "skippable_cpu_adam_class"]
 
 
@@ -203,6 +203,15 @@ def listening_store(host: str, world_size: int) -> torch.distributed.TCPStore:
                                       timeout=default_pg_timeout)
 
 
+def binds_cuda_device(device: torch.device) -> bool:
+    """Whether the process group is bound to this rank's CUDA device when it is created (``device_id``), as
+    DeepSpeed's own initialisation does: on CUDA, except with torch between 2.6.0 and 2.7.1 (exclusive), where a
+    bound device could hang (pytorch/pytorch#153960)."""
+    from packaging.version import Version
+
+    return device.type == "cuda" and not Version("2.6.0") < Version(torch.__version__) < Version("2.7.1")
+
+
 def init_agent_process_group(cfg: TrainConfig, agent: AgentConfig, rank: int, world_size: int,
                              master_addr: str | None, master_port: int | None, device: torch.device,
                              store: torch.distributed.TCPStore | None = None) -> None:
@@ -211,7 +220,7 @@ def init_agent_process_group(cfg: TrainConfig, agent: AgentConfig, rank: int, wo
     The group meets on rank 0's TCP store: rank 0 passes ``store`` (:func:`listening_store`, started when the
     rendezvous was announced) or, with no port given, starts one here; every other rank connects to
     ``master_addr:master_port``. ``torch.distributed`` is initialised on that store with DeepSpeed's timeout (and,
-    on GPUs, this rank's CUDA device, as DeepSpeed's own initialisation would), and DeepSpeed takes the group as it
+    on GPUs, this rank's CUDA device, :func:`binds_cuda_device`), and DeepSpeed takes the group as it
     is (``deepspeed.init_distributed`` on an initialised group).
     """
     import deepspeed
@@ -247,7 +256,7 @@ def init_agent_process_group(cfg: TrainConfig, agent: AgentConfig, rank: int, wo
     os.environ["LOCAL_RANK"] = str(torch.cuda.current_device() if device.type == "cuda" else 0)
     backend = "nccl" if device.type == "cuda" else "gloo"
     use_interpreter_ninja()  # DeepSpeed builds (or finds built) its CPU collective op here
-    extra = {"device_id": torch.device("cuda", torch.cuda.current_device())} if device.type == "cuda" else {}
+    extra = {"device_id": torch.device("cuda", torch.cuda.current_device())} if binds_cuda_device(device) else {}
     torch.distributed.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                          timeout=default_pg_timeout, **extra)
     deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False, verbose=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from openrlhf_hacpo.actors.deepspeed_setup import listening_store
+from openrlhf_hacpo.actors.deepspeed_setup import binds_cuda_device, listening_store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -65,3 +65,13 @@ def test_two_ranks_meet_on_the_announced_store(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert first.returncode == 0, (tmp_path / "rank0.err").read_text()[-3000:]
     assert "sum 3" in out and "sum 3" in second.stdout  # 1 + 2 over both ranks
+
+
+@pytest.mark.parametrize("version, device, bound", [("2.13.0", "cuda", True), ("2.7.1", "cuda", True),
+                                                    ("2.6.5", "cuda", False), ("2.6.0", "cuda", True),
+                                                    ("2.13.0", "cpu", False)])
+def test_the_group_binds_the_cuda_device_where_deepspeed_would(monkeypatch, version, device, bound):
+    import torch
+
+    monkeypatch.setattr(torch, "__version__", version)
+    assert binds_cuda_device(torch.device(device)) is bound
