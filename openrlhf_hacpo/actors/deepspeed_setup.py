@@ -23,8 +23,8 @@ from openrlhf_hacpo.utils.network import gloo_interface, host_interfaces, is_loo
 from openrlhf_hacpo.utils.op_build import use_interpreter_ninja
 
 __all__ = ["EngineStateSleep", "TrainingParts", "SkipAwareScheduler", "SkippableAdamW", "SkippableOptimizer",
-           "SkipStepMixin", "binds_cuda_device", "build_ds_config", "build_optimizer", "build_policy_engine", "init_agent_process_group",
-           "listening_store", "skippable_cpu_adam_class"]
+           "SkipStepMixin", "binds_cuda_device", "build_ds_config", "build_optimizer", "build_policy_engine",
+           "init_agent_process_group", "listening_store", "skippable_cpu_adam_class"]
 
 
 class SkippableOptimizer(Protocol):
