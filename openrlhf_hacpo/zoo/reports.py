@@ -20,6 +20,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from openrlhf_hacpo.algorithms.mismatch import MISMATCH_KEYS
 from openrlhf_hacpo.utils.atomic import atomic_write_bytes
 from openrlhf_hacpo.utils.jsonl import read_records
 
@@ -36,6 +37,7 @@ __all__ = [
     "format_table",
     "load_summary",
     "mean_std",
+    "mismatch_stats",
     "paired_differences",
     "plot_validation",
     "read_records",
@@ -67,6 +69,24 @@ _FOREIGN = {"in_window_frac": "policy/foreign_in_window_frac", "ratio_mean": "po
             "pos_above_window_frac": "policy/foreign_pos_clip_frac_upper"}
 
 
+def mismatch_stats(records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The engine-against-trainer log-prob figures of one agent's records (``mismatch/*``, see
+    :mod:`openrlhf_hacpo.algorithms.mismatch`) over the run: ``own`` for its own rows and ``sources`` (``{source:
+    figures}``) for each partner's rows, the source engine's log-probs against the source trainer's. Each figure is
+    its mean over the steps that logged it, but ``max_abs``, the largest over them. ``None`` when no step logged
+    the own figures (temperature other than 1, ``--old_logp_from_update``, ``--no_mismatch_metrics``)."""
+
+    def figures(prefix: str) -> dict[str, float | None]:
+        out = {k: _mean([r.get(prefix + k) for r in records]) for k in MISMATCH_KEYS if k != "max_abs"}
+        peaks = [r[prefix + "max_abs"] for r in records if r.get(prefix + "max_abs") is not None]
+        return {"max_abs": max(peaks) if peaks else None, **out}
+
+    if not any("mismatch/mean_abs" in r for r in records):
+        return None
+    sources = sorted({k.split("/")[2] for r in records for k in r if k.startswith("mismatch/source/")})
+    return {"own": figures("mismatch/"), "sources": {s: figures(f"mismatch/source/{s}/") for s in sources}}
+
+
 def _mean(values: Sequence[float]) -> float | None:
     """Mean over steps of the finite values present (``None`` when none is)."""
     values = [v for v in values if v is not None and math.isfinite(v)]
@@ -85,7 +105,8 @@ def agent_step_stats(records: Sequence[Mapping[str, Any]], rollouts_per_step: in
     * ``foreign``: per-step means of the foreign-ratio statistics (fraction of foreign rollouts in the clip
       window, below and above it, mean ratio; the median and the fractions among rows with A > 0 when the
       trainer logs them), or ``None`` when the agent
-      trained on no foreign rollouts.
+      trained on no foreign rollouts;
+    * ``mismatch``: :func:`mismatch_stats`.
     """
     if not records:
         raise ValueError("agent_step_stats needs at least one step record")
@@ -107,6 +128,7 @@ def agent_step_stats(records: Sequence[Mapping[str, Any]], rollouts_per_step: in
         "samples_trained_per_s": sum(rows) / upd_s if upd_s > 0 else None,
         "seconds": seconds,
         "foreign": foreign,
+        "mismatch": mismatch_stats(records),
         "train_reward_last10": _mean([r.get("reward/mean") for r in records[-10:]]),
     }
 
@@ -180,6 +202,11 @@ def format_table(summary: Mapping[str, Any], comparison: Mapping[str, Any] | Non
                     + (f"{interval[0]:.3f}–{interval[1]:.3f}" if interval else "–") + " | "
                     + {True: "yes", False: "no", None: "–"}[r["typical"]] + " |")
         lines.append(row)
+    gaps = {name: a["mismatch"]["own"] for name, a in summary["agents"].items() if a.get("mismatch")}
+    if gaps:
+        lines += ["", "engine against trainer log-probs on each agent's own rows (mismatch/*, mean over the steps):"]
+        lines += [f"- {name}: mean |Δ| {_sci(g['mean_abs'])} per token (largest {_sci(g['max_abs'])}), "
+                  f"k3 KL {_sci(g['k3_kl'])}" for name, g in gaps.items()]
     if comparison is not None:
         from openrlhf_hacpo.zoo.reference import format_reference_note
 
@@ -302,6 +329,11 @@ def fmt(value: float | None, digits: int = 3, signed: bool = False) -> str:
     if value is None:
         return "–"
     return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+def _sci(value: float | None) -> str:
+    """``value`` in scientific notation with two significant digits; ``–`` for ``None``."""
+    return "–" if value is None else f"{value:.1e}"
 
 
 def fmt_pm(mean: float | None, std: float | None, signed: bool = False) -> str:

@@ -16,6 +16,7 @@ from openrlhf_hacpo.zoo.reports import (
     format_table,
     load_summary,
     mean_std,
+    mismatch_stats,
     paired_differences,
     plot_validation,
     read_records,
@@ -197,3 +198,29 @@ def test_mean_std_and_paired_differences():
     assert d["diffs"] == pytest.approx([0.2, -0.05])
     assert d["mean"] == pytest.approx(0.075) and d["positive"] == 1
     assert d["std"] == pytest.approx(math.sqrt(((0.2 - 0.075) ** 2 + (-0.05 - 0.075) ** 2) / 1))
+
+
+def test_mismatch_figures_over_the_run_and_in_the_table():
+    """Means over the steps that logged a figure, the largest |Δ| over them, each partner's rows apart; a run
+    without the figures has none (and no line under the table)."""
+    records = [{"mismatch/mean_abs": 1e-7, "mismatch/max_abs": 2e-5, "mismatch/k3_kl": 1e-13,
+                "mismatch/seq_log_ratio_mean": -2e-8, "mismatch/seq_log_ratio_std": 1e-7, "mismatch/ppl_ratio": 1.0,
+                "mismatch/source/b/mean_abs": 4e-3, "mismatch/source/b/max_abs": 0.5},
+               {"mismatch/mean_abs": 3e-7, "mismatch/max_abs": 5e-6, "mismatch/k3_kl": 3e-13,
+                "mismatch/seq_log_ratio_mean": 4e-8, "mismatch/seq_log_ratio_std": 3e-7, "mismatch/ppl_ratio": 1.5,
+                "mismatch/source/b/mean_abs": 2e-3, "mismatch/source/b/max_abs": 0.25},
+               {}]  # a step without them (e.g. none of the agent's rows scored)
+    stats = mismatch_stats(records)
+    own = stats["own"]
+    assert own["mean_abs"] == pytest.approx(2e-7) and own["max_abs"] == pytest.approx(2e-5)
+    assert own["k3_kl"] == pytest.approx(2e-13) and own["seq_log_ratio_mean"] == pytest.approx(1e-8)
+    assert own["seq_log_ratio_std"] == pytest.approx(2e-7) and own["ppl_ratio"] == pytest.approx(1.25)
+    assert list(stats["sources"]) == ["b"]
+    assert stats["sources"]["b"]["mean_abs"] == pytest.approx(3e-3) and stats["sources"]["b"]["max_abs"] == 0.5
+    assert stats["sources"]["b"]["k3_kl"] is None  # not logged
+    assert mismatch_stats([{}, {"reward/mean": 0.5}]) is None
+
+    summary = _synthetic_summary()
+    assert summary["agents"]["llama"]["mismatch"] is None and "mismatch/*" not in format_table(summary)
+    summary["agents"]["llama"]["mismatch"] = stats
+    assert "- llama: mean |Δ| 2.0e-07 per token (largest 2.0e-05), k3 KL 2.0e-13" in format_table(summary)
