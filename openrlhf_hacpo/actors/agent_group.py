@@ -88,16 +88,6 @@ class AgentGroup:
         :class:`~openrlhf_hacpo.actors.agent_launch.AgentLaunch`)."""
         return self.launcher.start()
 
-    @property
-    def has_engines(self) -> bool:
-        """The agent generates in engine actors of its own (``vllm``, ``hf_engine``), synced after every update."""
-        return self.plan.has_engines
-
-    @property
-    def engine_role(self) -> str:
-        """What the agent's engines are called in errors: ``HF engine`` or ``vLLM engine``."""
-        return self.plan.engine_role
-
     def actors(self) -> list[Any]:
         """The agent's workers in order: policy ranks, the reference (when it has one), the engines."""
         return [*self.policies, *([self.reference] if self.reference is not None else []), *self.engines]

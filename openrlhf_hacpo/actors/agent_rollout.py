@@ -38,7 +38,7 @@ class AgentRollout:
         """See :meth:`AgentGroup.rollout <openrlhf_hacpo.actors.agent_group.AgentGroup.rollout>`."""
         group = self.group
         sampling = mismatch_sampling(group.cfg, sampling)  # the engines' log-probs for the mismatch/* metrics
-        if group.has_engines:
+        if group.plan.has_engines:
             return self.engine_rollout(prompts, sampling, step, rendered)
         version = group.policy_version
         shards = split_shards(prompts, len(group.policies))
@@ -89,7 +89,7 @@ class AgentRollout:
 
         generation = group.call(engines, engine_class(cfg.rollout.rollout_backend).generate,
                                 [([rendered.ids[i] for i in shard], shard_sampling(sampling, e))
-                                 for e, shard in enumerate(engine_shards)], group.engine_role, generation_done)
+                                 for e, shard in enumerate(engine_shards)], group.plan.engine_role, generation_done)
         outputs = generation.parts
         if self.engines_sleep:  # engines sleep before the (colocated) policies score
             outputs = self._after_sleep(engines, outputs)
@@ -105,7 +105,7 @@ class AgentRollout:
                 attach_behaviour_logps(group.name, combined.trajectories, engine_shards, outputs,
                                        cfg.rollout.n_samples_per_prompt)
             engine_s = group.call(engines, engine_class(cfg.rollout.rollout_backend).last_generate_seconds,
-                                  [()] * len(engines), group.engine_role, max).result()
+                                  [()] * len(engines), group.plan.engine_role, max).result()
             return replace(combined, timings={**combined.timings, **timer.seconds, "engine_generate": engine_s})
 
         return Pending(group, scoring.role, scoring.parts, combine, scoring.remote, scoring.method, after=generation,
@@ -121,12 +121,12 @@ class AgentRollout:
     def generate(self, prompts: Sequence[Any], sampling: SamplingConfig) -> Pending:
         """See :meth:`AgentGroup.generate <openrlhf_hacpo.actors.agent_group.AgentGroup.generate>`."""
         group = self.group
-        if group.has_engines:
+        if group.plan.has_engines:
             prompt_ids = self.render_prompts(prompts)
             self.wake_engines()
             shards = split_shards(list(range(len(prompts))), len(group.engines))
             args = [([prompt_ids[i] for i in shard], shard_sampling(sampling, e)) for e, shard in enumerate(shards)]
-            workers, role = group.engines, group.engine_role
+            workers, role = group.engines, group.plan.engine_role
             method = engine_class(group.cfg.rollout.rollout_backend).generate
         else:
             shards = split_shards(list(range(len(prompts))), len(group.policies))
@@ -134,7 +134,7 @@ class AgentRollout:
             workers, role, method = group.policies, "policy", PolicyWorker.generate
 
         def combine(parts: list[list[GenerationOutput]]) -> list[GenerationOutput]:
-            if group.has_engines:
+            if group.plan.has_engines:
                 self.sleep_engines()
                 if group.plan.deepspeed_enable_sleep:
                     group.all_policies(PolicyWorker.wake, combine=lambda v: None).result()
@@ -167,7 +167,7 @@ class AgentRollout:
 
     def _engines_call(self, method: Any) -> None:
         group = self.group
-        group.call(group.engines, method, [()] * len(group.engines), group.engine_role, lambda v: v).result()
+        group.call(group.engines, method, [()] * len(group.engines), group.plan.engine_role, lambda v: v).result()
 
     def wake_engines(self) -> None:
         """Sleep mode, before a generation: wake whatever the engines still have asleep (everything, or after a

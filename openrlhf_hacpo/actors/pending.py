@@ -114,7 +114,8 @@ def identify_worker(group: Any, actor: Any = None, actor_id: str | None = None) 
     if wanted is None:
         return None
     nodes = getattr(group, "worker_nodes", {}) or {}
-    engine_role = getattr(group, "engine_role", "vLLM engine")
+    plan = getattr(group, "plan", None)
+    engine_role = plan.engine_role if plan is not None else "vLLM engine"
     candidates = [("policy", r, a) for r, a in enumerate(getattr(group, "policies", []))]
     if getattr(group, "reference", None) is not None:
         candidates.append(("reference", None, group.reference))

@@ -155,7 +155,7 @@ def test_agent_group_gives_the_engine_the_share_after_its_policy_ranks():
     cfg = TrainConfig.of(agents=agents, prompt_data="unused.jsonl", rollout_backend="hf_engine", rollout_batch_size=2,
                       n_samples_per_prompt=2, train_batch_size=4, micro_train_batch_size=1)
     group = AgentGroup(cfg, plan_agents(cfg, on_gpu=False)[1], total_updates=1)
-    assert group.has_engines and group.weight_sync_mode() == "object_store"
+    assert group.plan.has_engines and group.weight_sync_mode() == "object_store"
     assert group.plan.core_share(1) == CoreShare((3, 2), agent=1, process=1)
     assert group.plan.core_share(1).cores(range(10)) == [8, 9]
 

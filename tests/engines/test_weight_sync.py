@@ -342,7 +342,7 @@ def test_a_sync_empties_the_cache_then_wakes_only_the_weights_and_generation_wak
     group.policies = [_PolicyRank(io)]
     group.engines = [_sleep_mode_engine(events), _sleep_mode_engine(events)]
     group.rollouts.engines_sleep = True
-    group.call(group.engines, type(group.engines[0]).sleep, [()] * 2, group.engine_role,
+    group.call(group.engines, type(group.engines[0]).sleep, [()] * 2, group.plan.engine_role,
                lambda v: v).result()  # engines start asleep after creation
     events.clear()
 

@@ -66,7 +66,7 @@ def _actor(text: str):
 
 def _group():
     return SimpleNamespace(name="llama", policies=[_actor("p0"), _actor("p1")], reference=_actor("ref"),
-                           engines=[_actor("e0")], engine_role="vLLM engine",
+                           engines=[_actor("e0")], plan=SimpleNamespace(engine_role="HF engine"),
                            worker_nodes={"p1": NODE_B, "e0": "10.0.0.1 (host gpu-a, node 4f2a9c01)"})
 
 
@@ -75,6 +75,7 @@ def test_an_actor_id_is_traced_to_its_role_rank_and_node():
     assert identify_worker(group, actor_id="p1") == WorkerRef("policy", 1, NODE_B)
     assert identify_worker(group, group.reference) == WorkerRef("reference", None, None)
     assert identify_worker(group, actor_id="e0").node.startswith("10.0.0.1")
+    assert identify_worker(group, actor_id="e0").role == "HF engine"  # the engines' name from the agent's plan
     assert identify_worker(group, actor_id="zz") is None
 
 
