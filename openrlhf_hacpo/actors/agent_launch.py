@@ -192,7 +192,8 @@ class AgentLaunch:
         from openrlhf_hacpo.engines.hf_engine import HFEngine
 
         group = self.group
-        group.call(group.engines, HFEngine.ready, [()] * len(group.engines), group.plan.engine_role, lambda v: v).result()
+        group.call(group.engines, HFEngine.ready, [()] * len(group.engines), group.plan.engine_role,
+                   lambda v: v).result()
         ray.get([policy.__ray_call__.remote(_bind_policy_cores, group.plan.core_share(rank))
                  for rank, policy in enumerate(group.policies)], timeout=group.timeout_s)
 

@@ -30,13 +30,14 @@ from __future__ import annotations
 import datetime
 import inspect
 import pickle
+import socket
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from openrlhf_hacpo.engines.base import NamedTensors, iter_named_tensors
-from openrlhf_hacpo.utils.network import free_port
 
 # (name, dtype name, shape) of one broadcast tensor, in broadcast order.
 TensorSpec = tuple[str, str, list[int]]
@@ -103,6 +104,26 @@ class WeightSyncGroup:
             self.communicator.broadcast(tensor, src=0, stream=torch.cuda.current_stream())
 
 
+def listen_for_weight_sync(master_address: str, backend: str, world_size: int,
+                           timeout_s: float = 600.0) -> tuple[int, Any]:
+    """Group rank 0's listener on ``master_address``, bound and listening before its port is announced:
+    ``(port, listener)``, the port the system picked while binding (port 0), so no other process can take it between
+    the announcement and the other ranks' arrival, as it could a port found free and bound later. ``gloo``: the
+    group's ``TCPStore``; ``nccl``: a listening socket for vLLM's ``StatelessProcessGroup.create(listen_socket=...)``.
+    Pass it to :func:`create_weight_sync_group` on rank 0."""
+    if backend == "gloo":
+        store = dist.TCPStore(master_address, 0, world_size, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        return store.port, store
+    if backend == "nccl":
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((master_address, 0))
+        listener.listen()
+        return listener.getsockname()[1], listener
+    raise ValueError(f"weight-sync backend must be 'nccl' or 'gloo', got {backend!r}")
+
+
 def create_weight_sync_group(
     master_address: str,
     master_port: int,
@@ -111,18 +132,23 @@ def create_weight_sync_group(
     group_name: str,
     backend: str = "nccl",
     timeout_s: float = 600.0,
+    listener: Any = None,
 ) -> WeightSyncGroup:
     """A broadcast group of its own (not registered with `torch.distributed`'s default world).
 
-    Rank 0 hosts the TCP store at (master_address, master_port); the other ranks connect to it. `backend` is
-    "nccl" (CUDA tensors on the current device; vLLM's `StatelessProcessGroup` + `PyNcclCommunicator`) or "gloo"
-    (CPU tensors; torch's `ProcessGroupGloo` on a `TCPStore` prefixed with `group_name`).
+    Rank 0 hosts the TCP store at (master_address, master_port), on its `listener` when given
+    (:func:`listen_for_weight_sync`); the other ranks connect to it. `backend` is "nccl" (CUDA tensors on the current
+    device; vLLM's `StatelessProcessGroup` + `PyNcclCommunicator`) or "gloo" (CPU tensors; torch's
+    `ProcessGroupGloo` on a `TCPStore` prefixed with `group_name`).
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"weight-sync rank {rank} is outside the world of size {world_size}")
+    if listener is not None and rank != 0:
+        raise ValueError(f"only weight-sync rank 0 listens, got a listener on rank {rank}")
     if backend == "gloo":
         timeout = datetime.timedelta(seconds=timeout_s)
-        store = dist.TCPStore(master_address, master_port, world_size, is_master=(rank == 0), timeout=timeout)
+        store = listener if listener is not None else dist.TCPStore(master_address, master_port, world_size,
+                                                                    is_master=(rank == 0), timeout=timeout)
         store = dist.PrefixStore(group_name, store)
         return WeightSyncGroup("gloo", dist.ProcessGroupGloo(store, rank, world_size, timeout))
     if backend == "nccl":
@@ -132,7 +158,8 @@ def create_weight_sync_group(
         from vllm.distributed.utils import StatelessProcessGroup
 
         process_group = StatelessProcessGroup.create(host=master_address, port=master_port, rank=rank,
-                                                     world_size=world_size, store_timeout=int(timeout_s))
+                                                     world_size=world_size, store_timeout=int(timeout_s),
+                                                     listen_socket=listener)
         return WeightSyncGroup("nccl", PyNcclCommunicator(process_group, device=torch.cuda.current_device()))
     raise ValueError(f"weight-sync backend must be 'nccl' or 'gloo', got {backend!r}")
 
@@ -318,15 +345,18 @@ def init_engine_weight_sync(
     import ray
 
     master_address = master_address or ray.util.get_node_ip_address()
-    master_port = master_port or free_port("")
     world_size = 1 + len(engines) * tensor_parallel_size
+    listener = None
+    if master_port is None:
+        master_port, listener = listen_for_weight_sync(master_address, backend, world_size, timeout_s)
     refs = [
         engine.init_weight_sync_group.remote(
             master_address, master_port, 1 + index * tensor_parallel_size, world_size, group_name, backend, timeout_s
         )
         for index, engine in enumerate(engines)
     ]
-    group = create_weight_sync_group(master_address, master_port, 0, world_size, group_name, backend, timeout_s)
+    group = create_weight_sync_group(master_address, master_port, 0, world_size, group_name, backend, timeout_s,
+                                     listener=listener)
     ray.get(refs, timeout=timeout_s)
     return group
 

@@ -2,6 +2,8 @@
 (mixed into a stand-in worker that records what it is asked to load)."""
 from __future__ import annotations
 
+import errno
+import socket
 import threading
 from types import SimpleNamespace
 
@@ -13,6 +15,7 @@ from openrlhf_hacpo.engines.weight_sync import (
     VLLMWorkerWeightSync,
     create_weight_sync_group,
     dtype_from_name,
+    listen_for_weight_sync,
     pack_named_tensors,
     receive_broadcast_tensors,
     reload_api,
@@ -73,13 +76,15 @@ def _run_ranks(*targets):
         raise errors[0]
 
 
-def test_gloo_group_broadcasts_tensors_in_spec_order():
+@pytest.mark.parametrize("listening", [True, False], ids=["rank0-listens-first", "given-port"])
+def test_gloo_group_broadcasts_tensors_in_spec_order(listening):
     tensors = {k: v.contiguous() for k, v in _sample_tensors().items() if v.numel() > 0}
-    port = free_port()
+    port, listener = listen_for_weight_sync("127.0.0.1", "gloo", 2, timeout_s=30) if listening else (free_port(), None)
     received: dict[str, torch.Tensor] = {}
 
     def sender():
-        group = create_weight_sync_group("127.0.0.1", port, 0, 2, "test_group", backend="gloo", timeout_s=30)
+        group = create_weight_sync_group("127.0.0.1", port, 0, 2, "test_group", backend="gloo", timeout_s=30,
+                                         listener=listener)
         for tensor in tensors.values():
             group.broadcast(tensor)
 
@@ -99,6 +104,26 @@ def test_group_rejects_bad_rank_and_backend():
         create_weight_sync_group("127.0.0.1", 1, 2, 2, "g", backend="gloo")
     with pytest.raises(ValueError, match="'mpi'"):
         create_weight_sync_group("127.0.0.1", free_port(), 0, 1, "g", backend="mpi", timeout_s=5)
+    with pytest.raises(ValueError, match="'mpi'"):
+        listen_for_weight_sync("127.0.0.1", "mpi", 2)
+    with pytest.raises(ValueError, match="rank 1"):
+        create_weight_sync_group("127.0.0.1", 1, 1, 2, "g", backend="gloo", listener=object())
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_rank_zero_holds_its_port_before_announcing_it(backend):
+    """The announced port is bound and listening already (no other process can take it in between): binding it
+    again fails, and a client connects at once."""
+    port, listener = listen_for_weight_sync("127.0.0.1", backend, 2, timeout_s=10)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other, pytest.raises(OSError) as taken:
+            other.bind(("127.0.0.1", port))
+        assert taken.value.errno == errno.EADDRINUSE
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass
+    finally:
+        if backend == "nccl":
+            listener.close()
 
 
 class _RunnerWithInplaceReload:
