@@ -19,6 +19,7 @@ import torch
 
 from openrlhf_hacpo.actors.agent_plan import LoraPlan
 from openrlhf_hacpo.config import AgentConfig, TrainConfig
+from openrlhf_hacpo.utils import network
 from openrlhf_hacpo.utils.network import gloo_interface, host_interfaces, is_loopback
 from openrlhf_hacpo.utils.op_build import use_interpreter_ninja
 
@@ -193,14 +194,11 @@ def _grouped_parameters(model: torch.nn.Module, weight_decay: float) -> list[dic
 
 
 def listening_store(host: str, world_size: int) -> torch.distributed.TCPStore:
-    """Rank 0's TCP store for its agent's process group, listening on a port the system picks while binding it
-    (port 0; ``store.port`` says which). Nothing can take that port between its choice and the listen, which a port
-    found free and bound later (:func:`~openrlhf_hacpo.utils.network.free_port`) cannot promise on a busy machine:
-    any outgoing connection may take it as its local port. The other ranks meet it at ``(host, store.port)``."""
+    """Rank 0's store for its agent's process group (:func:`openrlhf_hacpo.utils.network.listening_store`, listening
+    before its port is announced) with DeepSpeed's process-group timeout."""
     from deepspeed.constants import default_pg_timeout
 
-    return torch.distributed.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False,
-                                      timeout=default_pg_timeout)
+    return network.listening_store(host, world_size, default_pg_timeout)
 
 
 def binds_cuda_device(device: torch.device) -> bool:

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from openrlhf_hacpo.engines.base import NamedTensors, iter_named_tensors
+from openrlhf_hacpo.utils.network import listening_store
 
 # (name, dtype name, shape) of one broadcast tensor, in broadcast order.
 TensorSpec = tuple[str, str, list[int]]
@@ -107,13 +108,11 @@ class WeightSyncGroup:
 def listen_for_weight_sync(master_address: str, backend: str, world_size: int,
                            timeout_s: float = 600.0) -> tuple[int, Any]:
     """Group rank 0's listener on ``master_address``, bound and listening before its port is announced:
-    ``(port, listener)``, the port the system picked while binding (port 0), so no other process can take it between
-    the announcement and the other ranks' arrival, as it could a port found free and bound later. ``gloo``: the
-    group's ``TCPStore``; ``nccl``: a listening socket for vLLM's ``StatelessProcessGroup.create(listen_socket=...)``.
+    ``(port, listener)``. ``gloo``: the group's TCP store (:func:`openrlhf_hacpo.utils.network.listening_store`);
+    ``nccl``: a socket bound the same way (port 0), for vLLM's ``StatelessProcessGroup.create(listen_socket=...)``.
     Pass it to :func:`create_weight_sync_group` on rank 0."""
     if backend == "gloo":
-        store = dist.TCPStore(master_address, 0, world_size, is_master=True, wait_for_workers=False,
-                              timeout=datetime.timedelta(seconds=timeout_s))
+        store = listening_store(master_address, world_size, datetime.timedelta(seconds=timeout_s))
         return store.port, store
     if backend == "nccl":
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -1,6 +1,8 @@
 """Rendezvous of an agent's process group: its address, its port, and the network interface gloo uses.
 
-* `free_port`: a TCP port free on a host right now.
+* `listening_store`: rank 0's TCP store, listening on its port before the port is announced.
+* `free_port`: a TCP port free on a host right now (bound later by someone else: tests only, see
+  `listening_store`).
 * `rendezvous_host`: the address rank 0 announces. A run that started its own local Ray has every rank on this
   machine and meets on ``--bind_host`` (loopback by default); a run that joined a cluster (``--ray_address``,
   ``RAY_ADDRESS``, ``ray job submit``, or ``ray.init()`` finding a running ``ray start --head``) may have ranks on
@@ -11,11 +13,24 @@
 """
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import socket
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-__all__ = ["driver_started_ray", "free_port", "gloo_interface", "host_interfaces", "is_loopback", "rendezvous_host"]
+__all__ = ["driver_started_ray", "free_port", "gloo_interface", "host_interfaces", "is_loopback", "listening_store",
+           "rendezvous_host"]
+
+
+def listening_store(host: str, world_size: int, timeout: datetime.timedelta) -> Any:
+    """Rank 0's ``torch.distributed.TCPStore`` on ``host``, listening on a port the system picks while binding it
+    (port 0; ``store.port`` says which) before any other rank is told the port. Nothing can take that port in
+    between, which a port found free and bound later (:func:`free_port`) cannot promise on a busy machine: any
+    outgoing connection may take it as its local port. The other ranks connect to ``(host, store.port)``."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(host, 0, world_size, is_master=True, wait_for_workers=False, timeout=timeout)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
